@@ -1,0 +1,1 @@
+"""Harness: model, sweep runner, timing, CLI."""

@@ -1,0 +1,443 @@
+"""A single self-attention layer whose per-head query/key width d_k can grow.
+
+Notation follows MATH.md §1: ``S_i = c_i (Xa W_Q_i)(Xa W_K_i)^T``,
+``A_i = softmax_row(S_i)``, ``Y = concat_i(A_i Xa W_V_i) W_O (+ b_O) + X``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+SCALE_POLICIES = ("rescale", "fixed", "learnable")
+
+
+@dataclass(frozen=True)
+class Captured:
+    """What one head saw in the last captured forward/backward pass.
+
+    Attributes
+    ----------
+    X : Tensor, (b, d_s, d_e)
+        Raw block input.
+    Xa : Tensor, (b, d_s, d_in)
+        Input as the projections see it (``[X | 1]`` when ``bias``).
+    S : Tensor, (b, d_s, d_s)
+        Un-masked scores ``c Q K^T``.
+    G : Tensor, (b, d_s, d_s)
+        ``dL/dS``; exactly zero at masked entries.
+    mask : Tensor or None, (d_s, d_s) bool
+        True where attended (lower triangle incl. diagonal); None if not causal.
+    """
+
+    X: Tensor
+    Xa: Tensor
+    S: Tensor
+    G: Tensor
+    mask: Tensor | None
+
+
+class Head(nn.Module):
+    """Parameters of one head: ``W_Q``, ``W_K`` (d_in, d_k), ``W_V`` (d_in, d_v)."""
+
+    def __init__(self, W_Q: Tensor, W_K: Tensor, W_V: Tensor, policy: str) -> None:
+        super().__init__()
+        self.W_Q = nn.Parameter(W_Q)
+        self.W_K = nn.Parameter(W_K)
+        self.W_V = nn.Parameter(W_V)
+        c0 = torch.tensor(
+            1.0 / math.sqrt(W_Q.shape[1]), dtype=W_Q.dtype, device=W_Q.device
+        )
+        if policy == "learnable":
+            self.tau = nn.Parameter(c0)
+        elif policy == "fixed":
+            # A buffer so .to(dtype/device) and state_dict carry it.
+            self.register_buffer("c0", c0)
+
+
+class GrowableAttention(nn.Module):
+    """Residual self-attention block with h heads, each with its own growable d_k.
+
+    Parameters
+    ----------
+    d_e : int
+        Embedding width.
+    d_k : int
+        Initial query/key width of every head.
+    d_v : int, optional
+        Value width per head; defaults to ``max(1, d_e // n_heads)``.
+    n_heads : int
+        Number of heads h >= 1.
+    bias : bool
+        Append a ones column to the input of Q, K, V (so d_in = d_e + 1) and give
+        W_O a bias vector.
+    causal : bool
+        Mask scores above the diagonal.
+    scale_policy : {"rescale", "fixed", "learnable"}
+        How the score scale c behaves as d_k grows (MATH.md §6).
+    generator : torch.Generator, optional
+        Source of the deterministic initialisation.
+    """
+
+    def __init__(
+        self,
+        d_e: int,
+        d_k: int,
+        d_v: int | None = None,
+        n_heads: int = 1,
+        bias: bool = False,
+        causal: bool = False,
+        scale_policy: str = "rescale",
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if scale_policy not in SCALE_POLICIES:
+            raise ValueError(
+                f"scale_policy must be one of {SCALE_POLICIES}, got {scale_policy!r}"
+            )
+        if min(d_e, d_k, n_heads) < 1:
+            raise ValueError(
+                f"d_e, d_k, n_heads must be >= 1, got {d_e}, {d_k}, {n_heads}"
+            )
+        self.d_e, self.n_heads, self.bias, self.causal = d_e, n_heads, bias, causal
+        self.scale_policy = scale_policy
+        self.d_in = d_e + int(bias)
+        self.d_v = d_v if d_v is not None else max(1, d_e // n_heads)
+
+        # Draw on the generator's own device so a CPU generator works for any target.
+        gen_device = generator.device if generator is not None else device
+
+        def randn(rows: int, cols: int, std: float) -> Tensor:
+            w = torch.randn(
+                rows, cols, generator=generator, dtype=dtype, device=gen_device
+            )
+            return (w * std).to(device=device)
+
+        std = 1.0 / math.sqrt(self.d_in)
+        self.heads = nn.ModuleList(
+            Head(
+                randn(self.d_in, d_k, std),
+                randn(self.d_in, d_k, std),
+                randn(self.d_in, self.d_v, std),
+                scale_policy,
+            )
+            for _ in range(n_heads)
+        )
+        self.W_O = nn.Parameter(
+            randn(n_heads * self.d_v, d_e, 1.0 / math.sqrt(n_heads * self.d_v))
+        )
+        self.b_O = (
+            nn.Parameter(torch.zeros(d_e, dtype=dtype, device=device)) if bias else None
+        )
+
+        self._capturing = False
+        self._cap_id = 0
+        self._cap_X: Tensor | None = None
+        self._cap_Xa: Tensor | None = None
+        self._cap_S: dict[int, Tensor] = {}
+        self._cap_G: dict[int, Tensor] = {}
+
+    # ------------------------------------------------------------------ scale
+    def _check_head(self, head: int) -> Head:
+        if not 0 <= head < self.n_heads:
+            raise ValueError(f"head must be in [0, {self.n_heads}), got {head}")
+        return self.heads[head]
+
+    def d_k(self, head: int = 0) -> int:
+        """Current query/key width of ``head``."""
+        return self._check_head(head).W_Q.shape[1]
+
+    def _c(self, head: int) -> Tensor | float:
+        # Tensor for fixed/learnable so tau receives gradients and c0 follows .to().
+        h = self.heads[head]
+        if self.scale_policy == "learnable":
+            return h.tau
+        if self.scale_policy == "fixed":
+            return h.c0
+        return 1.0 / math.sqrt(h.W_Q.shape[1])
+
+    def scale(self, head: int = 0) -> float:
+        """Current score scale c of ``head``."""
+        self._check_head(head)
+        c = self._c(head)
+        return float(c.detach()) if isinstance(c, Tensor) else c
+
+    def new_scale(self, head: int, p: int) -> float:
+        """Scale c' of ``head`` after growing its d_k by ``p`` (>= 0)."""
+        if p < 0:
+            raise ValueError(f"p must be >= 0, got {p}")
+        if self.scale_policy == "rescale":
+            return 1.0 / math.sqrt(self.d_k(head) + p)
+        return self.scale(head)
+
+    # ---------------------------------------------------------------- forward
+    def _augment(self, X: Tensor) -> Tensor:
+        if X.dim() != 3 or X.shape[-1] != self.d_e:
+            raise ValueError(
+                f"X must have shape (b, d_s, {self.d_e}), got {tuple(X.shape)}"
+            )
+        if not self.bias:
+            return X
+        return torch.cat([X, X.new_ones(*X.shape[:-1], 1)], dim=-1)
+
+    def mask(self, d_s: int, device: torch.device | None = None) -> Tensor | None:
+        """Bool (d_s, d_s) mask, True = attended; None when not causal."""
+        if not self.causal:
+            return None
+        return torch.ones(d_s, d_s, dtype=torch.bool, device=device).tril()
+
+    def _forward(self, X: Tensor, scores: dict[int, Tensor], capture: bool) -> Tensor:
+        Xa = self._augment(X)
+        d_s = X.shape[1]
+        mask = self.mask(d_s, X.device)
+        if capture:
+            self._cap_id += 1
+            self._cap_X, self._cap_Xa = X.detach(), Xa.detach()
+            self._cap_S.clear()
+            self._cap_G.clear()
+        outs = []
+        for i, h in enumerate(self.heads):
+            if i in scores:
+                S = scores[i]
+                if S.shape != (X.shape[0], d_s, d_s):
+                    raise ValueError(
+                        f"scores[{i}] must have shape {(X.shape[0], d_s, d_s)}, "
+                        f"got {tuple(S.shape)}"
+                    )
+            else:
+                S = self._c(i) * (Xa @ h.W_Q) @ (Xa @ h.W_K).transpose(-1, -2)
+                if capture:
+                    self._cap_S[i] = S.detach()
+                    if S.requires_grad:
+                        # Hook on the pre-mask S: masked_fill routes zero gradient
+                        # to masked entries, so G is exactly 0 there.
+                        S.register_hook(self._make_hook(i))
+            if mask is not None:
+                S = S.masked_fill(~mask, float("-inf"))
+            outs.append(torch.softmax(S, dim=-1) @ (Xa @ h.W_V))
+        Y = torch.cat(outs, dim=-1) @ self.W_O + X
+        return Y + self.b_O if self.b_O is not None else Y
+
+    def _make_hook(self, i: int) -> Callable[[Tensor], None]:
+        cap_id = self._cap_id
+
+        def hook(g: Tensor) -> None:
+            # A backward through an older captured graph must not pair its G
+            # with the newer X and S.
+            if cap_id == self._cap_id:
+                self._cap_G[i] = g.detach()
+
+        return hook
+
+    def forward(self, X: Tensor) -> Tensor:
+        """Apply the block.
+
+        Parameters
+        ----------
+        X : Tensor, (b, d_s, d_e)
+
+        Returns
+        -------
+        Tensor, (b, d_s, d_e)
+            ``concat_i(H_i) W_O (+ b_O) + X``.
+        """
+        return self._forward(X, {}, self._capturing)
+
+    def forward_from_scores(self, X: Tensor, scores: dict[int, Tensor]) -> Tensor:
+        """Forward with some heads' pre-mask scores given instead of computed.
+
+        Differentiable w.r.t. every given score tensor (plain ops, no hooks, no
+        in-place ops on them); never captures. The causal mask is still applied.
+
+        Parameters
+        ----------
+        X : Tensor, (b, d_s, d_e)
+            Raw block input.
+        scores : dict[int, Tensor]
+            Head index -> un-masked scores S of shape (b, d_s, d_s).
+
+        Returns
+        -------
+        Tensor, (b, d_s, d_e)
+            Block output Y.
+        """
+        for i in scores:
+            self._check_head(i)
+        return self._forward(X, scores, capture=False)
+
+    # ---------------------------------------------------------------- capture
+    @contextmanager
+    def capture(self) -> Iterator[GrowableAttention]:
+        """Within this context, forward records X, Xa, S and hooks G = dL/dS."""
+        self._capturing = True
+        try:
+            yield self
+        finally:
+            self._capturing = False
+
+    def captured(self, head: int = 0) -> Captured:
+        """The last captured pass for ``head``; needs a backward after the forward.
+
+        Only the most recent captured forward counts: a later one replaces it and
+        gradients from older graphs are ignored.
+        """
+        self._check_head(head)
+        if self._cap_X is None or head not in self._cap_S:
+            raise RuntimeError(
+                "nothing captured: run forward inside `with block.capture():`"
+            )
+        if head not in self._cap_G:
+            raise RuntimeError(
+                f"no gradient captured for head {head}: call loss.backward() "
+                "after the captured forward (with parameters requiring grad)"
+            )
+        return Captured(
+            self._cap_X,
+            self._cap_Xa,
+            self._cap_S[head],
+            self._cap_G[head],
+            self.mask(self._cap_X.shape[1], self._cap_X.device),
+        )
+
+    def loss_of_scores(
+        self, rest: Callable[[Tensor], Tensor], head: int = 0
+    ) -> Callable[[Tensor], Tensor]:
+        """Loss as a function of ``head``'s scores on the last captured batch.
+
+        Parameters
+        ----------
+        rest : Callable[[Tensor], Tensor]
+            Maps the block output Y (b, d_s, d_e) to a scalar loss.
+        head : int
+            Head whose scores are replaced.
+
+        Returns
+        -------
+        Callable[[Tensor], Tensor]
+            ``fn(S_new)``, S_new (b, d_s, d_s) pre-mask -> scalar. Built from
+            plain ops so ``torch.autograd.grad`` and ``torch.func`` transforms
+            (e.g. ``jvp(grad(fn))``) apply. Uses the X captured at call time and
+            the parameters as they are when ``fn`` runs.
+        """
+        self._check_head(head)
+        if self._cap_X is None:
+            raise RuntimeError(
+                "nothing captured: run forward inside `with block.capture():`"
+            )
+        X = self._cap_X  # snapshot: later captures must not change this closure
+
+        def fn(S_new: Tensor) -> Tensor:
+            return rest(self.forward_from_scores(X, {head: S_new}))
+
+        return fn
+
+    # ----------------------------------------------------------------- growth
+    def factors(self, head: int = 0) -> tuple[Tensor, Tensor]:
+        """Detached clones of ``(W_Q, W_K)``, each (d_in, d_k)."""
+        h = self._check_head(head)
+        return h.W_Q.detach().clone(), h.W_K.detach().clone()
+
+    def install(self, head: int, W_Q: Tensor, W_K: Tensor) -> None:
+        """Replace ``head``'s query/key factors; other heads are untouched.
+
+        Parameters
+        ----------
+        head : int
+            Head index.
+        W_Q, W_K : Tensor, (d_in, d_k') with d_k' >= current d_k
+            New factors; copied and cast to the block's dtype/device. Under
+            ``rescale`` the head's c becomes 1/sqrt(d_k').
+
+        Raises
+        ------
+        ValueError
+            Wrong rank or d_in, W_Q/W_K shapes differ, d_k would shrink, or
+            non-finite entries. The block is left unchanged.
+        """
+        h = self._check_head(head)
+        for name, W in (("W_Q", W_Q), ("W_K", W_K)):
+            if not isinstance(W, Tensor) or W.dim() != 2:
+                raise ValueError(f"{name} must be a 2-D tensor (d_in, d_k')")
+            if W.shape[0] != self.d_in:
+                raise ValueError(
+                    f"{name} has d_in={W.shape[0]}, block expects {self.d_in}"
+                )
+            if W.shape[1] < self.d_k(head):
+                raise ValueError(
+                    f"{name} has d_k'={W.shape[1]} < current d_k={self.d_k(head)}: "
+                    "shrinking is not supported"
+                )
+            if not torch.isfinite(W).all():
+                raise ValueError(f"{name} contains non-finite values")
+        if W_Q.shape != W_K.shape:
+            raise ValueError(
+                f"W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} differ in shape"
+            )
+        like = h.W_Q
+        h.W_Q = nn.Parameter(
+            W_Q.detach().to(dtype=like.dtype, device=like.device).clone()
+        )
+        h.W_K = nn.Parameter(
+            W_K.detach().to(dtype=like.dtype, device=like.device).clone()
+        )
+
+    def grow(
+        self,
+        head: int,
+        strategy: Any,
+        p: int,
+        rest: Callable[[Tensor], Tensor],
+        stats: Any = None,
+    ) -> Any:
+        """Grow ``head`` by ``p`` with ``strategy`` from the last captured pass.
+
+        Parameters
+        ----------
+        head : int
+            Head to grow; needs a captured forward and backward.
+        strategy : object
+            Has ``grow(W_Q, W_K, Xa, G, *, p, loss_of_scores, scale, new_scale,
+            mask, stats)`` returning an object with ``W_Q``, ``W_K`` of shape
+            (d_in, d_k + p).
+        p : int
+            Number of query/key columns to add.
+        rest : Callable[[Tensor], Tensor]
+            Maps Y (b, d_s, d_e) to the scalar loss (see ``loss_of_scores``).
+        stats : object, optional
+            Passed through to the strategy (e.g. accumulated statistics).
+
+        Returns
+        -------
+        object
+            The strategy's result, after its factors have been installed.
+        """
+        cap = self.captured(head)
+        W_Q, W_K = self.factors(head)
+        r = strategy.grow(
+            W_Q,
+            W_K,
+            cap.Xa,
+            cap.G,
+            p=p,
+            loss_of_scores=self.loss_of_scores(rest, head),
+            scale=self.scale(head),
+            new_scale=self.new_scale(head, p),
+            mask=cap.mask,
+            stats=stats,
+        )
+        d_new = self.d_k(head) + p
+        if r.W_Q.shape[-1] != d_new or r.W_K.shape[-1] != d_new:
+            raise ValueError(
+                f"strategy returned d_k'={r.W_Q.shape[-1]}/{r.W_K.shape[-1]}, "
+                f"expected d_k + p = {d_new}"
+            )
+        self.install(head, r.W_Q, r.W_K)
+        return r

@@ -1,0 +1,92 @@
+"""Input validation shared by every strategy component.
+
+Every public entry point calls these before touching the data, so that bad input
+fails with a message naming the problem instead of producing NaN weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_finite(name: str, t: Tensor) -> None:
+    """Raise ``ValueError`` if ``t`` holds NaN or Inf."""
+    if not torch.is_tensor(t):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if not bool(torch.isfinite(t).all()):
+        n_bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name} contains {n_bad} NaN/Inf entries")
+
+
+def check_batch(X: Tensor, G: Tensor, mask: Tensor | None = None) -> Tensor | None:
+    """Validate a batch ``X (b, d_s, d_e)``, ``G (b, d_s, d_s)`` and an optional mask.
+
+    Returns
+    -------
+    mask : Tensor or None
+        The mask as a bool tensor broadcastable to ``(b, d_s, d_s)``.
+    """
+    check_finite("X", X)
+    check_finite("G", G)
+    if X.dim() != 3:
+        raise ValueError(f"X must have shape (b, d_s, d_e), got {tuple(X.shape)}")
+    b, d_s, _ = X.shape
+    if G.shape != (b, d_s, d_s):
+        raise ValueError(
+            f"G must have shape (b, d_s, d_s) = {(b, d_s, d_s)} to match X {tuple(X.shape)}, "
+            f"got {tuple(G.shape)}"
+        )
+    if G.dtype != X.dtype or G.device != X.device:
+        raise ValueError(f"X and G must share dtype and device, got {X.dtype}/{X.device} and {G.dtype}/{G.device}")
+    if b == 0 or d_s == 0 or X.shape[2] == 0:
+        raise ValueError(f"X must not be empty, got shape {tuple(X.shape)}")
+    return check_mask(mask, b, d_s, X.device)
+
+
+def check_mask(mask: Tensor | None, b: int, d_s: int, device: torch.device) -> Tensor | None:
+    """Validate a mask of shape ``(d_s, d_s)`` or ``(b, d_s, d_s)``; True = attended."""
+    if mask is None:
+        return None
+    if not torch.is_tensor(mask):
+        raise ValueError(f"mask must be a bool tensor, got {type(mask).__name__}")
+    if mask.shape not in ((d_s, d_s), (b, d_s, d_s)):
+        raise ValueError(
+            f"mask must have shape (d_s, d_s) or (b, d_s, d_s) with d_s={d_s}, b={b}, got {tuple(mask.shape)}"
+        )
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must have dtype torch.bool (True = attended), got {mask.dtype}")
+    return mask.to(device)
+
+
+def check_factors(W_Q: Tensor, W_K: Tensor, d_e: int, p: int) -> int:
+    """Validate ``W_Q, W_K (d_e, d_k)`` against ``X`` and the growth ``p``; return ``d_k``."""
+    check_finite("W_Q", W_Q)
+    check_finite("W_K", W_K)
+    if W_Q.dim() != 2 or W_K.dim() != 2 or W_Q.shape != W_K.shape:
+        raise ValueError(
+            f"W_Q and W_K must both have shape (d_e, d_k), got {tuple(W_Q.shape)} and {tuple(W_K.shape)}"
+        )
+    if W_Q.shape[0] != d_e:
+        raise ValueError(
+            f"W_Q has {W_Q.shape[0]} rows but X has d_e={d_e} columns (with bias, X must include the ones column)"
+        )
+    if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+        raise ValueError(f"p must be a non-negative int, got {p!r}")
+    d_k = W_Q.shape[1]
+    if d_k + p > d_e:
+        raise ValueError(f"d_k + p > d_e: cannot grow d_k={d_k} by p={p} beyond d_e={d_e}")
+    return d_k
+
+
+def check_scale(name: str, c: float) -> float:
+    """Validate an attention scale: a finite positive number."""
+    try:
+        c = float(c)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive finite number, got {c!r}") from None
+    if not (c > 0 and c < float("inf")):
+        raise ValueError(f"{name} must be a positive finite number, got {c!r}")
+    return c

@@ -1,0 +1,217 @@
+"""The batch-averaging formulas (MATH §3, seed 001 §2.2): how one direction ``P`` is made
+from many samples. Each takes an inverse component (``pinv`` or ``solve``).
+
+=============  =========================================  ===============================
+name           direction                                  statistics kept
+=============  =========================================  ===============================
+per-sample     ``E[X_b^† G_b X_b^†ᵀ]`` (formula 1)        running sum of per-sample ``P_b``
+gram           ``E[A]^† E[M] E[A]^†`` (formulas 2 and 4)  ``Σ A_b``, ``Σ M_b``
+mean-input     ``E[X]^† E[G] E[X]^†ᵀ`` (formula 3)        ``Σ X_b``, ``Σ G_b``
+joint          solves ``E[A_b P A_b] = E[M_b]`` by PCG    every ``X_b`` (and mask)
+=============  =========================================  ===============================
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import Tensor
+
+from .cg import CGInfo, joint_operator, pcg
+from .statistics import Statistics
+
+
+class Averaging(ABC):
+    """A batch-averaging formula: statistics to keep, and the direction made from them.
+
+    Parameters
+    ----------
+    inverse : Pinv or Solve
+        How ``†`` / ``^{-1}`` is applied.
+    """
+
+    name: str = ""
+
+    def __init__(self, inverse) -> None:
+        self.inverse = inverse
+
+    def new_statistics(self) -> Statistics:
+        """Empty statistics of the kind this formula needs."""
+        return Statistics()
+
+    @abstractmethod
+    def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
+        """The raw direction ``P (d_e, d_e)`` from accumulated statistics.
+
+        Fallbacks are appended to ``log``; solver diagnostics go into ``info``.
+        """
+
+
+class _PerSampleStatistics(Statistics):
+    """Adds ``Σ_b X_b^† G_b X_b^†ᵀ``, computed batched at each update (memory ``O(d_e²)``)."""
+
+    def __init__(self, inverse) -> None:
+        super().__init__()
+        self.inverse = inverse
+        self.sum_P: Tensor | None = None
+
+    def _accumulate(self, X: Tensor, G: Tensor, GX: Tensor, mask: Tensor | None) -> None:
+        P = self.inverse.data_sandwich(X, G, self.log, GX=GX).sum(dim=0)
+        self.sum_P = P if self.sum_P is None else self.sum_P + P
+
+
+class PerSample(Averaging):
+    """Formula 1: ``E[A_b^† M_b A_b^†] = E[X_b^† G_b X_b^†ᵀ]``, one (pseudo-)inverse per sample."""
+
+    name = "per-sample"
+
+    def new_statistics(self) -> Statistics:
+        return _PerSampleStatistics(self.inverse)
+
+    def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
+        stats._require()
+        if not isinstance(stats, _PerSampleStatistics):
+            raise ValueError("per-sample needs statistics from its own new_statistics()")
+        return stats.sum_P / stats.n
+
+
+class Gram(Averaging):
+    """Formulas 2 (with pinv) and 4 (with solve): ``E[A]^† E[M] E[A]^†``."""
+
+    name = "gram"
+
+    def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
+        return self.inverse.factor(stats.mean_A, log).sandwich(stats.mean_M)
+
+
+class _MeanInputStatistics(Statistics):
+    """Adds ``Σ_b X_b (d_s, d_e)`` and ``Σ_b G_b (d_s, d_s)``: every batch needs the same ``d_s``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sum_X: Tensor | None = None
+        self.sum_G: Tensor | None = None
+
+    def _accumulate(self, X: Tensor, G: Tensor, GX: Tensor, mask: Tensor | None) -> None:
+        if self.sum_X is not None and self.sum_X.shape != X.shape[1:]:
+            raise ValueError(
+                f"mean-input averages sequences position by position: every batch needs "
+                f"d_s={self.sum_X.shape[0]}, got {X.shape[1]}"
+            )
+        sx, sg = X.sum(dim=0), G.sum(dim=0)
+        self.sum_X = sx if self.sum_X is None else self.sum_X + sx
+        self.sum_G = sg if self.sum_G is None else self.sum_G + sg
+
+
+class MeanInput(Averaging):
+    """Formula 3: ``E[X]^† E[G] (E[X]^†)ᵀ``, averaging sequences before inverting."""
+
+    name = "mean-input"
+
+    def new_statistics(self) -> Statistics:
+        return _MeanInputStatistics()
+
+    def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
+        stats._require()
+        if not isinstance(stats, _MeanInputStatistics):
+            raise ValueError("mean-input needs statistics from its own new_statistics()")
+        return self.inverse.data_sandwich(stats.sum_X / stats.n, stats.sum_G / stats.n, log)
+
+
+class _JointStatistics(Statistics):
+    """Keeps every ``X_b`` and its mask: memory ``O(N · d_s · d_e)`` for ``N`` samples.
+
+    The joint operator ``P ↦ E[X_bᵀ(mask_b ⊙ X_b P X_bᵀ)X_b]`` does not factor through
+    any fixed-size summary, so the exact direction costs memory linear in the samples.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.Xs: list[Tensor] = []
+        self.masks: list[Tensor | None] = []
+
+    def _accumulate(self, X: Tensor, G: Tensor, GX: Tensor, mask: Tensor | None) -> None:
+        if self.Xs and self.Xs[0].shape[1] != X.shape[1]:
+            raise ValueError(
+                f"joint keeps batches stacked: every batch needs d_s={self.Xs[0].shape[1]}, got {X.shape[1]}"
+            )
+        self.Xs.append(X.detach())
+        self.masks.append(None if mask is None else mask.expand(X.shape[0], -1, -1))
+
+    def stacked(self) -> tuple[Tensor, Tensor | None]:
+        """All samples ``X (N, d_s, d_e)`` and their masks ``(N, d_s, d_s)`` (None if none was given)."""
+        X = torch.cat(self.Xs) if len(self.Xs) > 1 else self.Xs[0]
+        if all(m is None for m in self.masks):
+            return X, None
+        d_s = X.shape[1]
+        full = torch.ones(d_s, d_s, dtype=torch.bool, device=X.device)
+        masks = [full.expand(x.shape[0], -1, -1) if m is None else m for x, m in zip(self.Xs, self.masks, strict=True)]
+        return X, torch.cat(masks)
+
+
+class Joint(Averaging):
+    """The exact direction: solves ``E[A_b P A_b] = E[M_b]`` (masked operator if a mask is given).
+
+    Matrix-free preconditioned CG with preconditioner ``R ↦ E[A]^{-1} R E[A]^{-1}``
+    (applied by the inverse component), so formula 2 is its first iterate.
+
+    Parameters
+    ----------
+    inverse : Pinv or Solve
+        Applies the preconditioner.
+    tol : float
+        Relative residual at which CG stops.
+    maxiter : int
+        Iteration cap; stopping there is recorded as a fallback.
+    """
+
+    name = "joint"
+
+    def __init__(self, inverse, tol: float = 1e-6, maxiter: int = 200) -> None:
+        super().__init__(inverse)
+        if not (0 < tol < 1):
+            raise ValueError(f"joint tol must be in (0, 1), got {tol!r}")
+        if maxiter < 1:
+            raise ValueError(f"joint maxiter must be >= 1, got {maxiter!r}")
+        self.tol = tol
+        self.maxiter = maxiter
+
+    def new_statistics(self) -> Statistics:
+        return _JointStatistics()
+
+    def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
+        stats._require()
+        if not isinstance(stats, _JointStatistics):
+            raise ValueError("joint needs statistics from its own new_statistics()")
+        X, mask = stats.stacked()
+        P, cg = solve_joint(X, mask, stats.mean_A, stats.mean_M, self.inverse, self.tol, self.maxiter, log)
+        info["cg_iterations"] = cg.iterations
+        info["cg_residual"] = cg.residual
+        return P
+
+
+def solve_joint(
+    X: Tensor,
+    mask: Tensor | None,
+    mean_A: Tensor,
+    rhs: Tensor,
+    inverse,
+    tol: float,
+    maxiter: int,
+    log: list[str],
+) -> tuple[Tensor, CGInfo]:
+    """Solve the joint normal equations for ``X (N, d_s, d_e)`` with right-hand side ``rhs (d_e, d_e)``.
+
+    Non-convergence is appended to ``log``.
+    """
+    prec = inverse.factor(mean_A, log)
+    P, cg = pcg(joint_operator(X, mask), rhs, prec.sandwich, tol=tol, maxiter=maxiter)
+    if not cg.converged:
+        log.append(
+            f"joint: CG stopped after {cg.iterations} iterations at relative residual {cg.residual:.2e} > tol {tol:.0e}"
+        )
+    return P, cg
+
+
+AVERAGINGS: dict[str, type] = {"per-sample": PerSample, "gram": Gram, "mean-input": MeanInput, "joint": Joint}

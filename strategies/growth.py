@@ -1,0 +1,270 @@
+"""A growth strategy: averaging × inverse × truncation × line search, composed.
+
+``Strategy`` holds what every strategy (including the baselines) shares: input
+validation, statistics, the loss bookkeeping and the result record. ``GrowthStrategy``
+is the functional-gradient growth of MATH §2–5.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from . import metrics
+from ._checks import check_batch, check_factors, check_scale
+from ._timing import synchronize, timed
+from .averaging import Averaging
+from .line_search import LineSearch, SearchProblem
+from .result import GrowthResult
+from .statistics import Statistics
+from .truncation import Metric, Truncation
+
+
+class _CountedLoss:
+    """Wraps ``loss_of_scores`` to count its calls and check what it returns."""
+
+    def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
+        if not callable(fn):
+            raise ValueError(f"loss_of_scores must be callable (scores -> scalar loss), got {type(fn).__name__}")
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, S: Tensor) -> Tensor:
+        self.calls += 1
+        out = self.fn(S)
+        if not torch.is_tensor(out) or out.numel() != 1:
+            raise ValueError(f"loss_of_scores must return a scalar tensor, got {out!r:.80}")
+        return out.reshape(())
+
+
+class Strategy(ABC):
+    """Common interface: ``new_statistics``, ``direction``, ``grow``."""
+
+    spec: str = ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+    @abstractmethod
+    def new_statistics(self) -> Statistics:
+        """Empty statistics of the kind this strategy needs."""
+
+    @abstractmethod
+    def _direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
+        """Raw direction from statistics."""
+
+    @abstractmethod
+    def _step(
+        self, ctx: dict, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int, scale: float, new_scale: float
+    ) -> tuple[Tensor, Tensor, float]:
+        """The new factors and λ; may fill ``ctx['loss_after']``."""
+
+    def _stats(self, X: Tensor, G: Tensor, mask: Tensor | None, stats: Statistics | None) -> Statistics:
+        if stats is None:
+            return self.new_statistics().update(X, G, mask)
+        if type(stats) is not type(self.new_statistics()):
+            raise ValueError(
+                f"stats of type {type(stats).__name__} do not fit {self.spec!r}: use this strategy's new_statistics()"
+            )
+        stats._require()
+        if stats.sum_A.shape[-1] != X.shape[-1]:
+            raise ValueError(f"stats have d_e={stats.sum_A.shape[-1]} but X has d_e={X.shape[-1]}")
+        return stats
+
+    def direction(self, X: Tensor | Statistics, G: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        """The raw (unnormalised) direction ``P``.
+
+        Parameters
+        ----------
+        X : Tensor or Statistics
+            A batch ``(b, d_s, d_e)`` (then ``G`` is required), or statistics accumulated
+            over any number of batches by ``new_statistics().update(...)``.
+        G : Tensor, optional
+            ``∂L/∂S``, ``(b, d_s, d_s)``.
+        mask : Tensor, optional
+            Bool ``(d_s, d_s)`` or ``(b, d_s, d_s)``, True where attended.
+
+        Returns
+        -------
+        Tensor
+            ``(d_e, d_e)``.
+        """
+        if isinstance(X, Statistics):
+            if G is not None:
+                raise ValueError("pass either statistics or (X, G), not both")
+            stats = X
+            stats._require()
+        else:
+            if G is None:
+                raise ValueError("direction(X, G): G is required when X is a tensor")
+            stats = self.new_statistics().update(X, G, mask)
+        with torch.no_grad():
+            P = self._direction(stats, [], {})
+        _check_direction(P)
+        return P
+
+    def grow(
+        self,
+        W_Q: Tensor,
+        W_K: Tensor,
+        X: Tensor,
+        G: Tensor,
+        p: int,
+        loss_of_scores: Callable[[Tensor], Tensor],
+        scale: float | None = None,
+        new_scale: float | None = None,
+        mask: Tensor | None = None,
+        stats: Statistics | None = None,
+    ) -> GrowthResult:
+        """Grow ``d_k`` by ``p``.
+
+        Parameters
+        ----------
+        W_Q, W_K : Tensor
+            Current factors, ``(d_e, d_k)`` (``d_e`` includes the bias column, if any).
+        X : Tensor
+            Inputs as the projections see them, ``(b, d_s, d_e)``; λ is chosen on this batch.
+        G : Tensor
+            ``∂L/∂S`` on that batch, ``(b, d_s, d_s)``.
+        p : int
+            New columns; ``d_k + p ≤ d_e``.
+        loss_of_scores : callable
+            Scores ``(b, d_s, d_s)`` -> scalar loss of the rest of the model on that batch.
+        scale : float, optional
+            Current ``c`` (default ``1/sqrt(d_k)``).
+        new_scale : float, optional
+            ``c'`` after growth (default: ``scale``). The factors are built so that
+            ``new_scale · W_Q' W_K'ᵀ = Z'``; pass ``1/sqrt(d_k + p)`` for the rescale policy.
+        mask : Tensor, optional
+            Bool ``(d_s, d_s)`` or ``(b, d_s, d_s)``, True where attended.
+        stats : Statistics, optional
+            Statistics from any number of batches; the direction comes from them
+            instead of from ``(X, G)`` alone.
+
+        Returns
+        -------
+        GrowthResult
+        """
+        t_start = time.perf_counter()
+        mask = check_batch(X, G, mask)
+        d_k = check_factors(W_Q, W_K, X.shape[-1], p)
+        if W_Q.dtype != X.dtype or W_Q.device != X.device:
+            raise ValueError(f"W_Q/W_K ({W_Q.dtype}, {W_Q.device}) must match X ({X.dtype}, {X.device})")
+        scale = check_scale("scale", 1.0 / math.sqrt(max(d_k, 1)) if scale is None else scale)
+        new_scale = check_scale("new_scale", scale if new_scale is None else new_scale)
+        loss = _CountedLoss(loss_of_scores)
+        timings: dict[str, float] = {}
+        own_stats = stats is None
+        stats = self._stats(X, G, mask, stats)
+        timings["statistics"] = stats.elapsed
+        log = list(stats.log)
+        info: dict = {}
+        with torch.no_grad():
+            Z = scale * W_Q @ W_K.mT
+            S0 = X @ Z @ X.mT
+            loss0 = float(loss(S0))
+        if not math.isfinite(loss0):
+            raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
+        ctx = {"X": X, "G": G, "mask": mask, "loss": loss, "S0": S0, "Z": Z, "loss0": loss0, "log": log,
+               "info": info, "timings": timings}
+        W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p, scale, new_scale)
+        for name, W in (("W_Q", W_Q2), ("W_K", W_K2)):
+            if not bool(torch.isfinite(W).all()):
+                raise FloatingPointError(f"{self.spec}: new {name} is not finite (fallbacks: {log})")
+        with torch.no_grad():
+            dZ = new_scale * W_Q2 @ W_K2.mT - Z
+            if "loss_after" in ctx:
+                loss_after = ctx["loss_after"]
+            else:
+                loss_after = float(loss(X @ (new_scale * W_Q2 @ W_K2.mT) @ X.mT))
+        synchronize(X.device)
+        timings["total"] = time.perf_counter() - t_start + (timings["statistics"] if not own_stats else 0.0)
+        return GrowthResult(
+            W_Q=W_Q2,
+            W_K=W_K2,
+            dZ=dZ,
+            lam=float(lam),
+            first_order_decrease=metrics.first_order_decrease(G, X, dZ, mask),
+            loss_before=loss0,
+            loss_after=loss_after,
+            n_loss_evals=loss.calls,
+            fallback=log,
+            timings=timings,
+            spec=self.spec,
+            info=info,
+        )
+
+
+def _check_direction(P: Tensor) -> None:
+    if not bool(torch.isfinite(P).all()):
+        raise FloatingPointError("the direction P is not finite: the statistics are degenerate beyond any fallback")
+
+
+class GrowthStrategy(Strategy):
+    """Functional-gradient growth: direction ``P``, step ``λ`` along ``P̂``, truncation to ``d_k + p``.
+
+    Parameters
+    ----------
+    averaging : Averaging
+        Batch-averaging formula (holds the inverse component).
+    truncation : Truncation
+        Truncated SVD, plain or metric-aware.
+    line_search : LineSearch
+        Path and search method for λ.
+    spec : str
+        Canonical spec string.
+    """
+
+    def __init__(self, averaging: Averaging, truncation: Truncation, line_search: LineSearch, spec: str) -> None:
+        self.averaging = averaging
+        self.truncation = truncation
+        self.line_search = line_search
+        self.spec = spec
+
+    def new_statistics(self) -> Statistics:
+        return self.averaging.new_statistics()
+
+    def _direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
+        return self.averaging.direction(stats, log, info)
+
+    def _step(self, ctx, W_Q, W_K, stats, p, scale, new_scale):
+        X, mask, log, info, timings = ctx["X"], ctx["mask"], ctx["log"], ctx["info"], ctx["timings"]
+        Z = ctx["Z"]
+        rank = W_Q.shape[1] + p
+        with timed(timings, "direction", X.device), torch.no_grad():
+            P = self._direction(stats, log, info)
+            _check_direction(P)
+            metric = Metric(stats.mean_A, self.truncation.metric_rtol) if self.truncation.metric else None
+            D = X @ P @ X.mT
+            if mask is not None:
+                D = D * mask
+            norm = float(torch.linalg.vector_norm(D))
+
+        def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            return self.truncation(Y, rank, metric)
+
+        if norm > 0 and math.isfinite(norm):
+            n_entries = int(mask.expand(X.shape[0], -1, -1).sum()) if mask is not None else D.numel()
+            prob = SearchProblem(
+                loss=ctx["loss"], X=X, Z=Z, P_hat=P / norm, S0=ctx["S0"], D_hat=D / norm,
+                loss0=ctx["loss0"], truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1)),
+            )
+            with timed(timings, "line_search", X.device):
+                lam, loss_at = self.line_search.search(prob, log, info)
+            P_hat = prob.P_hat
+        else:
+            log.append("direction: X P Xᵀ = 0 (G has no component any dZ can reach); λ = 0")
+            lam, loss_at, P_hat = 0.0, ctx["loss0"], torch.zeros_like(P)
+        timings.setdefault("line_search", 0.0)
+        with timed(timings, "truncation", X.device), torch.no_grad():
+            U, s, V = truncate(Z - lam * P_hat)
+            root = s.clamp_min(0).sqrt() / math.sqrt(new_scale)
+            W_Q2, W_K2 = U * root, V * root
+        if self.line_search.loss_is_final and lam > 0:
+            ctx["loss_after"] = loss_at
+        return W_Q2, W_K2, lam

@@ -1,0 +1,255 @@
+"""Choosing the step λ along the normalised direction ``P̂`` (MATH §5, seed 001 §2.3).
+
+- ``normal``: ``λ ↦ L( X T_r(Z − λP̂) Xᵀ )``, one truncation per trial;
+- ``fast``: ``λ ↦ L( S − λ X P̂ Xᵀ )``, no rank constraint and no SVD per trial;
+  the caller truncates once at the chosen λ.
+
+Search methods: ``grid`` (0 and 16 geometric points), ``bounded`` (Brent's bounded
+method of :func:`scipy.optimize.minimize_scalar`, on ``log λ``), ``newton`` (first and
+second derivatives of the loss along the path by AD).
+
+``P̂`` is normalised so that ``‖X P̂ Xᵀ‖_F = 1`` over the batch: λ is the Frobenius norm
+of the (untruncated) score change. Searches are bracketed in units of
+``sqrt(#attended entries)``, i.e. of a root-mean-square change of one logit per entry.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import minimize_scalar
+from torch import Tensor
+
+METHODS = ("grid", "bounded", "newton")
+
+
+@dataclass
+class SearchProblem:
+    """Everything a line search needs for one growth.
+
+    Attributes
+    ----------
+    loss : callable
+        Scores ``(b, d_s, d_s)`` -> scalar loss tensor (the counted ``loss_of_scores``).
+    X : Tensor
+        ``(b, d_s, d_e)``.
+    Z, P_hat : Tensor
+        Current product ``c W_Q W_Kᵀ`` and normalised direction, ``(d_e, d_e)``.
+    S0, D_hat : Tensor
+        ``X Z Xᵀ`` and ``X P̂ Xᵀ``, ``(b, d_s, d_s)``.
+    loss0 : float
+        ``loss(S0)``.
+    truncate : callable
+        ``Y (d_e, d_e) -> (U, s, V)``, the strategy's truncation at the grown rank.
+    lam_unit : float
+        ``sqrt(#attended entries)``: λ of one RMS logit per entry.
+    """
+
+    loss: Callable[[Tensor], Tensor]
+    X: Tensor
+    Z: Tensor
+    P_hat: Tensor
+    S0: Tensor
+    D_hat: Tensor
+    loss0: float
+    truncate: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
+    lam_unit: float
+
+
+class LineSearch(ABC):
+    """A path ``λ ↦ scores`` and a method to minimise the loss along it.
+
+    Parameters
+    ----------
+    method : {"grid", "bounded", "newton"}
+        Search method.
+    n_grid : int
+        Grid points including λ = 0 (17, like the seed's prototype).
+    lam_min, lam_max : float
+        Bracket of the grid and of the bounded search, in RMS logits per entry.
+    maxiter : int
+        Iteration cap of the bounded search.
+    newton_steps : int
+        Newton iterations (each one AD pass). The last one is followed by one
+        quadratic interpolation through ``φ(0)``, ``φ'(0)`` and the loss at the Newton
+        point (one more evaluation).
+    max_backtrack : int
+        Halvings of the step when neither point decreases the loss.
+    """
+
+    name: str = ""
+    #: Whether ``search``'s returned loss is the loss at the truncated step (no re-evaluation needed).
+    loss_is_final: bool = False
+
+    def __init__(
+        self,
+        method: str = "grid",
+        n_grid: int = 17,
+        lam_min: float = 1e-3,
+        lam_max: float = 10.0,
+        maxiter: int = 40,
+        newton_steps: int = 1,
+        max_backtrack: int = 8,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"unknown search method {method!r}; valid: {', '.join(METHODS)}")
+        if n_grid < 2:
+            raise ValueError(f"n_grid must be >= 2, got {n_grid}")
+        if not (0 < lam_min < lam_max):
+            raise ValueError(f"need 0 < lam_min < lam_max, got {lam_min}, {lam_max}")
+        if newton_steps < 1 or maxiter < 1 or max_backtrack < 0:
+            raise ValueError("newton_steps and maxiter must be >= 1, max_backtrack >= 0")
+        self.method = method
+        self.n_grid = n_grid
+        self.lam_min = lam_min
+        self.lam_max = lam_max
+        self.maxiter = maxiter
+        self.newton_steps = newton_steps
+        self.max_backtrack = max_backtrack
+
+    @abstractmethod
+    def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
+        """Scores ``(b, d_s, d_s)`` at step ``lam`` (differentiable in a tensor ``lam``)."""
+
+    def phi(self, prob: SearchProblem, lam: float) -> float:
+        """The loss at ``lam``; non-finite losses become ``+inf`` so a search steps away from them."""
+        with torch.no_grad():
+            v = float(prob.loss(self.scores(prob, lam)))
+        return v if math.isfinite(v) else math.inf
+
+    def search(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
+        """Minimise the loss along the path; return ``(λ, loss at λ)``.
+
+        λ = 0 (the current loss) is always a candidate, so the returned loss never
+        exceeds ``prob.loss0`` along this path.
+        """
+        if self.method == "grid":
+            return self._grid(prob)
+        if self.method == "bounded":
+            return self._bounded(prob, info)
+        return self._newton(prob, log, info)
+
+    def _grid(self, prob: SearchProblem) -> tuple[float, float]:
+        lams = np.geomspace(self.lam_min, self.lam_max, self.n_grid - 1) * prob.lam_unit
+        best = (0.0, prob.loss0)
+        for lam in lams:
+            v = self.phi(prob, float(lam))
+            if v < best[1]:
+                best = (float(lam), v)
+        return best
+
+    def _bounded(self, prob: SearchProblem, info: dict) -> tuple[float, float]:
+        # On log λ, because the minimiser's scale is unknown over several decades.
+        lo, hi = math.log(self.lam_min * prob.lam_unit), math.log(self.lam_max * prob.lam_unit)
+        res = minimize_scalar(
+            lambda t: self.phi(prob, math.exp(t)),
+            bounds=(lo, hi),
+            method="bounded",
+            options={"xatol": 1e-3, "maxiter": self.maxiter},
+        )
+        info["bounded_iterations"] = int(res.nfev)
+        lam, v = math.exp(float(res.x)), float(res.fun)
+        return (lam, v) if v < prob.loss0 else (0.0, prob.loss0)
+
+    def _derivatives(self, prob: SearchProblem, lam: float, path: Callable) -> tuple[float, float, float]:
+        """``(φ, φ', φ'')`` at ``lam`` along ``path(prob, λ) -> scores`` by AD.
+
+        Reverse-over-reverse on the scalar λ: it works for any closure autograd can
+        differentiate twice, whereas ``torch.func``'s forward-over-reverse rejects common
+        closures (ours included: "ZeroTensors are immutable"), and on a scalar input it
+        costs the same order, about one forward and two backward passes.
+        """
+        t = torch.tensor(lam, dtype=prob.X.dtype, device=prob.X.device, requires_grad=True)
+        with torch.enable_grad():
+            v = prob.loss(path(prob, t))
+            (d1,) = torch.autograd.grad(v, t, create_graph=True)
+            (d2,) = torch.autograd.grad(d1, t) if d1.requires_grad else (torch.zeros_like(d1),)
+        return float(v.detach()), float(d1.detach()), float(d2)
+
+    def _fast_path(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
+        return prob.S0 - lam * prob.D_hat
+
+    def _newton(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
+        best = (0.0, prob.loss0)
+        lam = 0.0
+        slope0 = None
+        proposal = None
+        for step in range(self.newton_steps):
+            # At λ = 0 the truncated path's SVD has repeated zero singular values and is not
+            # differentiable; its tangent there is the fast path's, which is used instead.
+            path = self._fast_path if lam == 0.0 else self.scores
+            v, d1, d2 = self._derivatives(prob, lam, path)
+            if step == 0:
+                slope0 = d1
+            if lam > 0 and math.isfinite(v) and v < best[1]:
+                best = (lam, v)
+            if not (math.isfinite(d1) and math.isfinite(d2)):
+                log.append(f"newton: non-finite derivatives at λ={lam:.3g}; kept the best point so far")
+                proposal = None
+                break
+            if d2 <= 0:
+                if step == 0:
+                    log.append(f"newton: curvature {d2:.3g} <= 0 at λ=0, used the bounded search instead")
+                    return self._bounded(prob, info)
+                proposal = None
+                break
+            new = lam - d1 / d2
+            if not new > 0:
+                proposal = None
+                break
+            lam = proposal = new
+        info["newton_lambda"] = proposal
+        if proposal is None:
+            return best
+        v1 = self.phi(prob, proposal)
+        if v1 < best[1]:
+            best = (proposal, v1)
+        # The loss at the Newton point and (φ(0), φ'(0)) fix a quadratic model; its minimiser
+        # corrects the Newton step for the loss's departure from a quadratic (one evaluation).
+        curv = 2 * (v1 - prob.loss0 - slope0 * proposal) / proposal**2 if math.isfinite(v1) else math.nan
+        if curv > 0 and slope0 < 0:
+            lam2 = -slope0 / curv
+            if abs(lam2 - proposal) > 1e-3 * proposal:
+                v2 = self.phi(prob, lam2)
+                info["interpolated_lambda"] = lam2
+                if v2 < best[1]:
+                    best = (lam2, v2)
+        if best[0] > 0:
+            return best
+        # Neither point decreased the loss: halve the step until one does.
+        for _ in range(self.max_backtrack):
+            proposal /= 2
+            v = self.phi(prob, proposal)
+            if v < best[1]:
+                return proposal, v
+        log.append("newton: no decrease after backtracking; λ = 0")
+        return best
+
+
+class NormalSearch(LineSearch):
+    """``λ ↦ L( X T_r(Z − λP̂) Xᵀ )``: the rank constraint inside every trial."""
+
+    name = "normal"
+    loss_is_final = True
+
+    def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
+        U, s, V = prob.truncate(prob.Z - lam * prob.P_hat)
+        XU, XV = prob.X @ U, prob.X @ V  # (b, d_s, r): cheaper than forming X Z' Xᵀ via d_e
+        return (XU * s) @ XV.mT
+
+
+class FastSearch(LineSearch):
+    """``λ ↦ L( S − λ X P̂ Xᵀ )``: no SVD per trial; ``X P̂ Xᵀ`` is computed once."""
+
+    name = "fast"
+
+    def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
+        return self._fast_path(prob, lam)
+
+
+LINE_SEARCHES: dict[str, type] = {"normal": NormalSearch, "fast": FastSearch}

@@ -1,0 +1,103 @@
+"""Streaming statistics of ``(X, G)`` over any number of batches.
+
+The base class keeps ``Σ_b A_b = Σ_b X_bᵀ X_b`` and ``Σ_b M_b = Σ_b X_bᵀ G_b X_b``
+(two ``(d_e, d_e)`` matrices) and the sample count: memory independent of the number
+of samples. Every strategy needs them (``E[M]`` is the plain gradient ``∂L/∂Z``,
+``E[A]`` the metric of metric-aware truncation). Averaging formulas that need more
+extend it in :mod:`strategies.averaging`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import check_batch
+from ._timing import timed
+
+
+class Statistics:
+    """Running sums over samples; ``update`` once per batch.
+
+    Attributes
+    ----------
+    n : int
+        Number of samples (sequences) seen.
+    sum_A, sum_M : Tensor
+        ``Σ_b X_bᵀ X_b`` and ``Σ_b X_bᵀ G_b X_b``, each ``(d_e, d_e)``.
+    elapsed : float
+        Seconds spent in ``update`` (synchronised on CUDA).
+    log : list of str
+        Fallbacks that happened while accumulating.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sum_A: Tensor | None = None
+        self.sum_M: Tensor | None = None
+        self.elapsed = 0.0
+        self.log: list[str] = []
+        self._timings: dict[str, float] = {}
+
+    def update(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> Statistics:
+        """Accumulate one batch.
+
+        Parameters
+        ----------
+        X : Tensor
+            Inputs as the projections see them, ``(b, d_s, d_e)``.
+        G : Tensor
+            ``∂L/∂S``, ``(b, d_s, d_s)``; entries outside ``mask`` are treated as zero.
+        mask : Tensor, optional
+            Bool ``(d_s, d_s)`` or ``(b, d_s, d_s)``, True where attended.
+
+        Returns
+        -------
+        Statistics
+            ``self``, so calls can be chained.
+        """
+        mask = check_batch(X, G, mask)
+        if self.sum_A is not None and (
+            X.shape[-1] != self.sum_A.shape[-1] or X.dtype != self.sum_A.dtype or X.device != self.sum_A.device
+        ):
+            raise ValueError(
+                f"batch has d_e={X.shape[-1]}, {X.dtype} on {X.device} but the statistics hold "
+                f"d_e={self.sum_A.shape[-1]}, {self.sum_A.dtype} on {self.sum_A.device}"
+            )
+        with timed(self._timings, "update", X.device), torch.no_grad():
+            if mask is not None:
+                G = G.masked_fill(~mask, 0.0)
+            d_e = X.shape[-1]
+            GX = G @ X  # (b, d_s, d_e)
+            Xf = X.reshape(-1, d_e)
+            # One GEMM over the flattened batch instead of b small ones.
+            A = Xf.mT @ Xf
+            M = Xf.mT @ GX.reshape(-1, d_e)
+            if self.sum_A is None:
+                self.sum_A, self.sum_M = A, M
+            else:
+                self.sum_A = self.sum_A + A
+                self.sum_M = self.sum_M + M
+            self._accumulate(X, G, GX, mask)
+            self.n += X.shape[0]
+        self.elapsed = self._timings["update"]
+        return self
+
+    def _accumulate(self, X: Tensor, G: Tensor, GX: Tensor, mask: Tensor | None) -> None:
+        """Hook for subclasses that keep more than the two Gram sums."""
+
+    def _require(self) -> None:
+        if self.n == 0:
+            raise ValueError("statistics are empty: call update(X, G) with at least one batch first")
+
+    @property
+    def mean_A(self) -> Tensor:
+        """``E[XᵀX]``, ``(d_e, d_e)``."""
+        self._require()
+        return self.sum_A / self.n
+
+    @property
+    def mean_M(self) -> Tensor:
+        """``E[XᵀGX]``, ``(d_e, d_e)``: the mean gradient with respect to ``Z``."""
+        self._require()
+        return self.sum_M / self.n
