@@ -91,3 +91,21 @@ def bottleneck(G: Tensor, X: Tensor, mask: Tensor | None = None) -> float:
     if g_norm == 0.0:
         return 0.0
     return float(torch.linalg.vector_norm(projected_gradient(G, X, mask))) / g_norm
+
+
+def quality(G: Tensor, X: Tensor, dZ: Tensor, mask: Tensor | None = None) -> dict[str, float]:
+    """``first_order_decrease``, ``optimality`` and ``bottleneck`` with one projection solve.
+
+    Parameters are as in :func:`first_order_decrease`.
+    """
+    mask = check_batch(X, G, mask)
+    dZd = _check_dZ(dZ, X.shape[-1])
+    pg_norm = float(torch.linalg.vector_norm(projected_gradient(G, X, mask)))
+    g_norm = float(torch.linalg.vector_norm(_prepare(G, X, mask)[0]))
+    dS_norm = float(torch.linalg.vector_norm(_scores(X.double(), dZd, mask)))
+    fod = first_order_decrease(G, X, dZ, mask)
+    return {
+        "first_order_decrease": fod,
+        "optimality": 0.0 if dS_norm == 0.0 or pg_norm == 0.0 else fod / (dS_norm * pg_norm),
+        "bottleneck": 0.0 if g_norm == 0.0 else pg_norm / g_norm,
+    }

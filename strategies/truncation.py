@@ -7,6 +7,7 @@ minimises the error in score space ``‖X (Y − Z') Xᵀ‖`` rather than ``‖
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 import torch
@@ -21,22 +22,31 @@ class Metric:
     mean_A : Tensor
         ``E[XᵀX]``, ``(d_e, d_e)``.
     rtol : float, optional
-        Eigenvalues of ``E[A]`` below ``rtol · λ_max`` are raised to that floor.
-        Default ``d_e · eps(dtype)``, the rounding level, so ``W`` is exactly
-        ``E[A]^{1/2}`` on any numerically non-singular ``E[A]``. The floor keeps ``W``
-        invertible on rank-deficient inputs, so that ``T^W_r(Z) = Z`` whenever
-        ``rank(Z) ≤ r``: with a pseudo-inverse instead, the components of ``Z``
-        outside the span of the inputs would be dropped and the block's function on
-        new inputs would change at ``λ = 0``.
+        Eigenvalues of ``E[A]`` below ``rtol · λ_max`` are numerically zero (default
+        ``10 · d_e · eps(dtype)``, the rounding level of a computed Gram matrix). All
+        others are kept exactly, so ``W = E[A]^{1/2}`` on any numerically non-singular
+        ``E[A]`` and the truncation attains the optimal functional error there.
+
+    Notes
+    -----
+    Null eigenvalues are raised to ``sqrt(rtol) · λ_max`` rather than dropped or kept at
+    rounding level. Dropping them (a pseudo-inverse) would discard the components of
+    ``Z`` outside the inputs' span, changing the block's function on new inputs at
+    λ = 0. Keeping them at rounding level would let ``W^{-1} · W^{-1}`` amplify the
+    SVD's backward error ``eps · ‖W Y W‖`` by ``1/rtol`` into ``O(‖Y‖)`` noise in
+    those directions; at ``sqrt(rtol)`` that noise is ``O(sqrt(eps) · ‖Y‖)``. In
+    directions the inputs do span, the amplified noise is at rounding level in score
+    space, because those inputs carry energy ``∝ λ_i`` there.
     """
 
     def __init__(self, mean_A: Tensor, rtol: float | None = None) -> None:
         if rtol is not None and not (0 < rtol < 1):
             raise ValueError(f"metric rtol must be in (0, 1), got {rtol!r}")
         w, V = torch.linalg.eigh(mean_A)
-        tol = mean_A.shape[-1] * torch.finfo(w.dtype).eps if rtol is None else rtol
-        floor = (tol * w.amax()).clamp_min(torch.finfo(w.dtype).tiny)
-        sq = w.clamp_min(floor).sqrt()
+        tol = 10 * mean_A.shape[-1] * torch.finfo(w.dtype).eps if rtol is None else rtol
+        top = w.amax().clamp_min(torch.finfo(w.dtype).tiny)
+        w = torch.where(w > tol * top, w, math.sqrt(tol) * top)
+        sq = w.sqrt()
         self.W = (V * sq) @ V.mT
         self.W_inv = (V / sq) @ V.mT
 

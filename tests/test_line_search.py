@@ -1,0 +1,157 @@
+"""Choosing λ (MATH §5): Newton on a quadratic, the grid as documented, fast = normal without a rank limit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import DT, Counted, anisotropic_X, attention_loss, causal, factors, gen, grad_of
+
+import strategies
+
+
+def quadratic_problem(seed: int, d_k: int, d_e: int = 5, b: int = 3, d_s: int = 7, masked: bool = False):
+    """``loss(S) = 0.5 ‖mask ⊙ (S − T)‖²`` at a random point, with ``G`` by autograd."""
+    X = anisotropic_X(b, d_s, d_e, cond=1e2, seed=seed)
+    W_Q, W_K = factors(d_e, d_k, seed=seed + 1)
+    c = 1 / math.sqrt(max(d_k, 1))
+    S0 = X @ (c * W_Q @ W_K.T) @ X.mT
+    T = torch.randn(b, d_s, d_s, generator=gen(seed + 2), dtype=DT) * 2
+    mask = causal(d_s) if masked else None
+    m = 1.0 if mask is None else mask.to(DT)
+
+    def loss(S):
+        return 0.5 * ((m * (S - T)) ** 2).sum()
+
+    return X, W_Q, W_K, c, S0, T, mask, m, loss, grad_of(loss, S0)
+
+
+NEWTON_SPECS = [
+    "gram/pinv/full/fast:newton",
+    "gram/solve/full+metric/fast:newton",
+    "joint/solve/full/fast:newton",
+    "per-sample/pinv/rsvd+metric/fast:newton",
+    "mean-input/solve/full/fast:newton",
+    "gram/solve/full/normal:newton",  # the rank limit does not bind below (d_k + p = d_e)
+]
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "causal"])
+@pytest.mark.parametrize("spec", NEWTON_SPECS)
+def test_newton_finds_exact_minimiser_of_quadratic(spec, masked):
+    for seed in (0, 10):
+        d_e = 5
+        d_k = 2
+        p = d_e - d_k if "normal" in spec else 2
+        X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(seed, d_k, d_e, masked=masked)
+        s = strategies.make(spec)
+        P = s.direction(X, G, mask)
+        D = m * (X @ P @ X.mT)
+        D_hat = D / torch.linalg.vector_norm(D)
+        # φ(λ) = 0.5‖m ⊙ (S0 − λ D̂ − T)‖², ‖D̂‖ = 1: minimiser ⟨m ⊙ (S0 − T), D̂⟩.
+        lam_star = float((m * (S0 - T) * D_hat).sum())
+        r = s.grow(W_Q, W_K, X, G, p=p, loss_of_scores=loss, scale=c, mask=mask)
+        if lam_star > 0:
+            assert r.lam == pytest.approx(lam_star, rel=1e-9)
+            assert r.info["newton_lambda"] == pytest.approx(lam_star, rel=1e-9)
+            assert r.loss_after < r.loss_before
+        else:
+            assert r.lam == 0.0
+
+
+def test_newton_guard_direction_is_a_descent_direction_for_gram():
+    """Guard for the test above: with gram/joint ⟨G, X P Xᵀ⟩ ≥ 0, so λ* > 0 is really exercised."""
+    for seed in (0, 10):
+        X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(seed, 2)
+        for spec in ("formula2", "joint"):
+            P = strategies.make(spec).direction(X, G)
+            assert float((G * (X @ P @ X.mT)).sum()) > 0
+
+
+def test_grid_search_picks_the_best_documented_grid_point():
+    """fast:grid chooses the argmin over {0} ∪ geomspace(1e-3, 10, 16)·sqrt(#entries) of L(S0 − λ D̂)."""
+    b, d_s, d_e, d_k, p = 3, 6, 5, 1, 2
+    X = anisotropic_X(b, d_s, d_e, cond=1e2, seed=20)
+    W_Q, W_K = factors(d_e, d_k, seed=21)
+    loss = attention_loss(b, d_s, seed=22)
+    S0 = X @ (W_Q @ W_K.T) @ X.mT
+    G = grad_of(loss, S0)
+    s = strategies.make("gram/pinv/full/fast:grid")
+    P = s.direction(X, G)
+    D = X @ P @ X.mT
+    D_hat = D / torch.linalg.vector_norm(D)
+    lams = [0.0] + list(np.geomspace(1e-3, 10.0, 16) * math.sqrt(b * d_s * d_s))
+    with torch.no_grad():
+        vals = [float(loss(S0 - lam * D_hat)) for lam in lams]
+    best = int(np.argmin(vals))
+    assert 0 < best < len(lams) - 1  # an interior grid point: the test is not about the ends
+    counted = Counted(loss)
+    r = s.grow(W_Q, W_K, X, G, p=p, loss_of_scores=counted, scale=1.0)
+    assert r.lam == pytest.approx(lams[best], rel=1e-12)
+    # loss0 + 16 grid points + the loss at the truncated step
+    assert counted.calls == r.n_loss_evals == 18
+
+
+def test_bounded_search_finds_the_minimiser_of_a_quadratic():
+    X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(30, 2)
+    s = strategies.make("gram/pinv/full/fast:bounded")
+    P = s.direction(X, G)
+    D = X @ P @ X.mT
+    lam_star = float(((S0 - T) * D).sum() / torch.linalg.vector_norm(D))
+    n = math.sqrt(X.shape[0] * X.shape[1] ** 2)
+    assert 1e-3 * n < lam_star < 10 * n  # inside the documented bracket
+    r = s.grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
+    assert r.lam == pytest.approx(lam_star, rel=5e-3)  # Brent's xatol is 1e-3 on log λ
+
+
+def test_newton_backtracks_or_falls_back_on_a_nonconvex_loss():
+    """On a loss concave along the path, newton records that it used the bounded search; loss never rises (normal)."""
+    X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(40, 2)
+
+    def concave(S):
+        return -0.5 * ((S - T) ** 2).sum()
+
+    G = grad_of(concave, S0)
+    r = strategies.make("gram/pinv/full/normal:newton").grow(W_Q, W_K, X, G, p=1, loss_of_scores=concave, scale=c)
+    assert any("bounded" in msg for msg in r.fallback), r.fallback
+    assert r.loss_after <= r.loss_before
+    assert r.lam > 0
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "causal"])
+@pytest.mark.parametrize("method", ["grid", "bounded", "newton"])
+@pytest.mark.parametrize("avg", ["gram/solve", "per-sample/pinv", "joint/solve"])
+def test_fast_and_normal_agree_when_rank_limit_does_not_bind(avg, method, masked):
+    b, d_s, d_e, d_k = 3, 6, 4, 1
+    p = d_e - d_k
+    X = anisotropic_X(b, d_s, d_e, cond=1e2, seed=50)
+    mask = causal(d_s) if masked else None
+    W_Q, W_K = factors(d_e, d_k, seed=51)
+    loss = attention_loss(b, d_s, seed=52, mask=mask)
+    G = grad_of(loss, X @ (W_Q @ W_K.T) @ X.mT)
+    rs = {}
+    for path in ("fast", "normal"):
+        rs[path] = strategies.make(f"{avg}/full/{path}:{method}").grow(
+            W_Q, W_K, X, G, p=p, loss_of_scores=loss, scale=1.0, mask=mask
+        )
+    f, n = rs["fast"], rs["normal"]
+    assert f.lam > 0  # a real step, not two zeros
+    assert f.lam == pytest.approx(n.lam, rel=1e-6)
+    assert f.loss_after == pytest.approx(n.loss_after, rel=1e-9)
+    assert torch.allclose(f.dZ, n.dZ, rtol=1e-6, atol=1e-9 * float(f.dZ.abs().max()))
+
+
+@pytest.mark.parametrize("method", ["grid", "bounded", "newton"])
+def test_normal_search_never_increases_the_loss(method):
+    for seed in (60, 61, 62):
+        b, d_s, d_e, d_k = 2, 5, 6, 2
+        X = anisotropic_X(b, d_s, d_e, cond=1e3, seed=seed)
+        W_Q, W_K = factors(d_e, d_k, seed=seed + 1, std=1.5)
+        loss = attention_loss(b, d_s, seed=seed + 2)
+        G = grad_of(loss, X @ (W_Q @ W_K.T / math.sqrt(d_k)) @ X.mT)
+        for avg in ("per-sample/pinv", "mean-input/pinv", "gram/solve"):
+            r = strategies.make(f"{avg}/rsvd+metric/normal:{method}").grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss)
+            # λ = 0 is always a candidate: no increase beyond the rounding of re-factorising Z.
+            assert r.loss_after <= r.loss_before * (1 + 1e-12)

@@ -1,0 +1,114 @@
+"""Truncation ``T_r`` (MATH §4): Eckart–Young, metric-aware optimality, randomised SVD."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import DT, anisotropic_X, covariance, gen, np64, rel_err
+
+import strategies
+
+FULL = strategies.REGISTRY["truncation"]["full"]
+RSVD = strategies.REGISTRY["truncation"]["rsvd"]
+
+
+def product(U, s, V) -> torch.Tensor:
+    return (U * s) @ V.T
+
+
+def sqrt_psd(A: np.ndarray) -> np.ndarray:
+    w, V = np.linalg.eigh(A)
+    return (V * np.sqrt(w)) @ V.T
+
+
+def low_rank(d: int, rank: int, seed: int) -> torch.Tensor:
+    g = gen(seed)
+    return torch.randn(d, rank, generator=g, dtype=DT) @ torch.randn(rank, d, generator=g, dtype=DT)
+
+
+@pytest.mark.parametrize("rank", [1, 3, 5])
+def test_full_truncation_is_eckart_young(rank):
+    Y = torch.randn(7, 7, generator=gen(rank), dtype=DT)
+    U, s, V = FULL()(Y, rank)
+    assert U.shape == (7, rank) and s.shape == (rank,) and V.shape == (7, rank)
+    sv = np.linalg.svd(np64(Y), compute_uv=False)
+    assert np.linalg.norm(np64(Y - product(U, s, V))) ** 2 == pytest.approx((sv[rank:] ** 2).sum(), rel=1e-10)
+    assert np.linalg.matrix_rank(np64(product(U, s, V))) == rank
+
+
+@pytest.mark.parametrize("cond", [1.0, 1e2, 1e4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_metric_truncation_attains_optimal_functional_error(seed, cond):
+    """One sample: ``‖X(Y − Z')Xᵀ‖² = Σ discarded σ²(W Y W)``, ``W = (XᵀX)^{1/2}``; never worse than plain."""
+    d_s, d_e = 10, 6
+    X = anisotropic_X(1, d_s, d_e, cond=cond, seed=seed)[0]
+    Y = torch.randn(d_e, d_e, generator=gen(100 + seed), dtype=DT)
+    A = X.T @ X
+    metric = strategies.Metric(A)
+    Wn = sqrt_psd(np64(A))
+    sv = np.linalg.svd(Wn @ np64(Y) @ Wn, compute_uv=False)
+    for rank in (1, 2, 4):
+        for trunc in (FULL(metric=True), RSVD(metric=True, oversample=d_e)):
+            Zm = product(*trunc(Y, rank, metric))
+            err_metric = float(((X @ (Y - Zm) @ X.T) ** 2).sum())
+            assert err_metric == pytest.approx((sv[rank:] ** 2).sum(), rel=1e-8), (trunc.name, rank)
+            Zp = product(*FULL()(Y, rank))
+            err_plain = float(((X @ (Y - Zp) @ X.T) ** 2).sum())
+            assert err_metric <= err_plain * (1 + 1e-10)
+            if cond >= 1e2:
+                assert err_metric < 0.99 * err_plain  # anisotropy: plain truncation is visibly worse
+
+
+def test_metric_from_statistics_is_square_root_of_mean_gram():
+    X = anisotropic_X(4, 8, 5, cond=1e3, seed=3)
+    stats = strategies.make("formula2").new_statistics().update(X, torch.zeros(4, 8, 8, dtype=DT))
+    A = sum(x.T @ x for x in X) / 4
+    m = strategies.Metric(stats.mean_A)
+    assert rel_err(m.W @ m.W, A) < 1e-10
+    assert rel_err(m.W, sqrt_psd(np64(A))) < 1e-9
+    assert rel_err(m.W @ m.W_inv, torch.eye(5, dtype=DT)) < 1e-9
+
+
+def test_metric_on_singular_gram_keeps_low_rank_matrices():
+    """MATH §4 / Metric docstring: the floored W stays invertible, so ``T^W_r(Z) = Z`` when ``rank Z ≤ r``."""
+    X = anisotropic_X(1, 3, 6, seed=4)[0]  # rank 3 < d_e = 6
+    metric = strategies.Metric(X.T @ X)
+    assert torch.isfinite(metric.W_inv).all()
+    Z = low_rank(6, 2, seed=5)
+    for trunc in (FULL(metric=True), RSVD(metric=True)):
+        for rank in (2, 4):
+            assert rel_err(product(*trunc(Z, rank, metric)), Z) < 1e-6
+
+
+@pytest.mark.parametrize("metric", [False, True])
+@pytest.mark.parametrize("n_iter", [0, 2])
+def test_rsvd_equals_full_when_rank_fits_the_sketch(n_iter, metric):
+    d, rank = 12, 3
+    Y = low_rank(d, 9, seed=6)  # rank 9 ≤ r + oversample = 3 + 8 = 11
+    m = strategies.Metric(covariance(d, 1e2, seed=7)) if metric else None
+    full = product(*FULL()(Y, rank, m))
+    rsvd = product(*RSVD(oversample=8, n_iter=n_iter, seed=1)(Y, rank, m))
+    assert rel_err(rsvd, full) < 1e-8
+    # Guard: the top-r part is a real truncation, not Y itself.
+    assert rel_err(full, Y) > 1e-2
+
+
+def test_rsvd_same_seed_same_result_and_global_rng_untouched():
+    Y = torch.randn(10, 10, generator=gen(8), dtype=DT)  # full rank: the sketch is approximate
+    t = RSVD(oversample=2, n_iter=1, seed=5)
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    a = t(Y, 3)
+    assert torch.equal(torch.get_rng_state(), state)
+    b = t(Y, 3)
+    assert torch.equal(torch.get_rng_state(), state)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    # The caller's stream continues exactly as if nothing had been drawn.
+    after = torch.rand(4)
+    torch.manual_seed(1234)
+    assert torch.equal(after, torch.rand(4))
+    # Another seed sketches differently: approximate results differ, so the seed is really used.
+    c = RSVD(oversample=2, n_iter=1, seed=6)(Y, 3)
+    assert not torch.equal(product(*a), product(*c))
