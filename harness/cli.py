@@ -1,23 +1,119 @@
-"""The ``growbench`` command line."""
+"""The ``growbench`` command line: ``list``, ``run``, ``export``, ``example``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import strategies
 
 
+def _csv(kind):
+    """An argparse type for comma-separated lists of ``kind``."""
+
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from e
+
+    return parse
+
+
+def _datasets() -> dict[str, str]:
+    from datasets import DATASETS
+
+    return {name: cls.description for name, cls in DATASETS.items()}
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
-    data = {"presets": strategies.presets(), "specs": strategies.specs()}
+    from .sweep import sweep_presets
+
+    sweeps = {name: [{k: v for k, v in g.items() if k != "strategies"} | {"n_strategies": len(g["strategies"])}
+                     for g in grids] for name, grids in sweep_presets().items()}
+    data = {"presets": strategies.presets(), "strategies": strategies.specs(), "datasets": _datasets(),
+            "sweep_presets": sweeps}
     if args.json:
         print(json.dumps(data, indent=2))
+        return 0
+    print("strategy presets:")
+    for name, spec in data["presets"].items():
+        print(f"  {name:10s} {spec}")
+    print(f"strategies: {len(data['strategies'])} specs, averaging/inverse/truncation[+metric]/line_search:method")
+    print("datasets:")
+    for name, desc in data["datasets"].items():
+        print(f"  {name:15s} {desc}")
+    print("sweep presets:")
+    for name, grids in sweeps.items():
+        n = sum(1 for _ in _iter_configs(name))
+        print(f"  {name:6s} {n} runs in {len(grids)} grid(s)")
+    return 0
+
+
+def _iter_configs(preset: str):
+    from .sweep import expand, sweep_presets
+
+    return expand(sweep_presets()[preset])
+
+
+def _grids(args: argparse.Namespace) -> list[dict]:
+    from .sweep import DATASET_NAMES, sweep_presets
+
+    presets = sweep_presets()
+    if args.preset:
+        if args.preset not in presets:
+            raise ValueError(f"unknown sweep preset {args.preset!r}; valid: {', '.join(presets)}")
+        grids = [dict(g) for g in presets[args.preset]]
     else:
-        print("presets:")
-        for name, spec in data["presets"].items():
-            print(f"  {name:10s} {spec}")
-        print(f"specs: {len(data['specs'])} (growbench list --json prints them all)")
+        grids = [dict(strategies=["default"], datasets=list(DATASET_NAMES), d_s=[16], d_e=[32], b=[64], d_k=[4],
+                      p=[4], seeds=[0], devices=["cpu"])]
+    overrides = {k: getattr(args, k) for k in ("strategies", "datasets", "d_s", "d_e", "b", "d_k", "p", "seeds",
+                                               "devices", "n_batches", "repeats", "warmup_steps")}
+    for g in grids:
+        g.update({k: v for k, v in overrides.items() if v is not None})
+    return grids
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .sweep import expand, preset_summary, run_sweep, summary
+
+    configs = expand(_grids(args))
+    print(f"{len(configs)} runs -> {args.db}", file=sys.stderr)
+    frame = run_sweep(configs, args.db, jobs=args.jobs, backend=args.backend, scheduler=args.scheduler,
+                      resume=args.resume, retry_failed=args.retry_failed,
+                      cache_dir=None if args.no_cache else args.cache_dir, progress=not args.no_progress)
+    table = summary(frame)
+    if len(table) > 40:
+        print(f"{len(table)} strategy × dataset lines; the presets follow (growbench export for everything)")
+        table = preset_summary(frame)
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_rows", 200,
+                           "display.max_colwidth", 42):
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(table) else "no results")
+    n_failed = int((frame.status != "ok").sum()) if len(frame) else 0
+    if n_failed:
+        first = frame[frame.status != "ok"].iloc[0]
+        print(f"{n_failed} failed runs recorded (first: {first.strategy} on {first.dataset}: "
+              f"{str(first.error).splitlines()[0]})", file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .db import ResultsDB
+
+    if not Path(args.db).exists():
+        raise ValueError(f"no results database at {args.db}: run 'growbench run' first")
+    with ResultsDB(args.db) as db:
+        frame = db.frame()
+    out = args.out or str(Path(args.db).with_suffix("." + args.format))
+    if args.format == "csv":
+        frame.to_csv(out, index=False)
+    else:
+        frame.to_parquet(out, index=False)
+    print(f"{len(frame)} runs -> {out}")
     return 0
 
 
@@ -44,11 +140,45 @@ def _cmd_example(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``growbench``."""
+    from .sweep import DEFAULT_CACHE, DEFAULT_DB
+
     parser = argparse.ArgumentParser(prog="growbench", description="Benchmark strategies that grow attention's d_k.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_list = sub.add_parser("list", help="list presets and strategy specs")
+
+    p_list = sub.add_parser("list", help="list strategies, presets, datasets and sweep presets")
     p_list.add_argument("--json", action="store_true", help="machine-readable output")
     p_list.set_defaults(func=_cmd_list)
+
+    p_run = sub.add_parser("run", help="run an ablation sweep into the results database",
+                           description="Run the product strategies × datasets × sizes × seeds × devices. "
+                                       "List options override the preset's values.")
+    p_run.add_argument("--preset", help="sweep preset: smoke (<1 min), quick (<10 min), full")
+    p_run.add_argument("--strategies", type=_csv(str), help="comma-separated specs or preset names")
+    p_run.add_argument("--datasets", type=_csv(str), help="comma-separated dataset names")
+    for axis, what in (("d-s", "sequence lengths"), ("d-e", "embedding widths"), ("b", "batch sizes"),
+                       ("d-k", "initial query/key widths"), ("p", "columns added"), ("seeds", "seeds")):
+        p_run.add_argument(f"--{axis}", dest=axis.replace("-", "_"), type=_csv(int), help=f"comma-separated {what}")
+    p_run.add_argument("--devices", type=_csv(str), help="comma-separated devices (cpu, cuda)")
+    p_run.add_argument("--n-batches", type=int, help="batches of statistics per run")
+    p_run.add_argument("--repeats", type=int, help="timed repeats per run (median reported)")
+    p_run.add_argument("--warmup-steps", type=int, help="training steps before growth")
+    p_run.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    p_run.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
+    p_run.add_argument("--no-cache", action="store_true", help="retrain every model, cache nothing")
+    p_run.add_argument("--resume", action="store_true", help="skip runs already in the database")
+    p_run.add_argument("--retry-failed", action="store_true", help="with --resume, run stored failures again")
+    p_run.add_argument("--jobs", type=int, default=1, help="parallel workers (joblib backend)")
+    p_run.add_argument("--backend", default="joblib", choices=["joblib", "dask"])
+    p_run.add_argument("--scheduler", help="Dask scheduler address (dask backend; default: a local cluster)")
+    p_run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p_run.set_defaults(func=_cmd_run)
+
+    p_exp = sub.add_parser("export", help="export the results database")
+    p_exp.add_argument("--format", choices=["csv", "parquet"], default="csv")
+    p_exp.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    p_exp.add_argument("--out", help="output file (default: the database's name with the format's suffix)")
+    p_exp.set_defaults(func=_cmd_export)
+
     p_ex = sub.add_parser("example", help="grow the reference block once with every preset and print a table")
     p_ex.add_argument("--b", type=int, default=256, help="batch size (default 256)")
     p_ex.add_argument("--d-s", type=int, default=128, help="sequence length (default 128)")
@@ -73,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"growbench: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("growbench: interrupted; finished runs are in the database (use --resume)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -70,9 +70,12 @@ class Pinv:
             raise ValueError(f"pinv rtol must be in [0, 1), got {rtol!r}")
         self.rtol = rtol
 
-    def factor(self, A: Tensor, log: list[str]) -> GramFactor:
-        """Pseudo-invert symmetric PSD ``A (..., d, d)`` by ``eigh`` (the SVD of a PSD matrix)."""
-        return _EigFactor(A, self.rtol)
+    def factor(self, A: Tensor, log: list[str], rtol: float | None = None) -> GramFactor:
+        """Pseudo-invert symmetric PSD ``A (..., d, d)`` by ``eigh`` (the SVD of a PSD matrix).
+
+        ``rtol`` is the caller's default cutoff (used when the component has none).
+        """
+        return _EigFactor(A, self.rtol if self.rtol is not None else rtol)
 
     def data_sandwich(self, X: Tensor, G: Tensor, log: list[str], GX: Tensor | None = None) -> Tensor:
         """``X^† G X^†ᵀ`` with ``X^†`` from the SVD of ``X (..., d_s, d_e)`` itself.
@@ -151,9 +154,12 @@ class Solve:
         self.method = method
         self.rtol = rtol
 
-    def factor(self, A: Tensor, log: list[str]) -> GramFactor:
-        """Factorise symmetric PSD ``A (..., d, d)``; failures fall back to pinv and are logged."""
-        return _SolveFactor(A, self.method, self.rtol, log)
+    def factor(self, A: Tensor, log: list[str], rtol: float | None = None) -> GramFactor:
+        """Factorise symmetric PSD ``A (..., d, d)``; failures fall back to pinv and are logged.
+
+        ``rtol`` is the caller's default cutoff (used when the component has none).
+        """
+        return _SolveFactor(A, self.method, self.rtol if self.rtol is not None else rtol, log)
 
     def data_sandwich(self, X: Tensor, G: Tensor, log: list[str], GX: Tensor | None = None) -> Tensor:
         """``(XᵀX)^{-1} XᵀGX (XᵀX)^{-1}``, equal to ``X^† G X^†ᵀ`` when ``X`` has full column rank.

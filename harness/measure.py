@@ -1,0 +1,171 @@
+"""Measure one growth: statistics over ``n`` batches, direction, truncation, line search.
+
+Quality (MATH §7) is measured once (a growth is deterministic); time is the median
+of ``repeats`` runs after one warm-up run, per phase. The *floor* is what any strategy
+must pay on the same data: the two Gram sums over the batches plus one loss evaluation.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import statistics as stats_mod
+import traceback
+from dataclasses import asdict, dataclass
+
+import torch
+
+import strategies
+from strategies import metrics
+from strategies._timing import timed
+
+from .env import environment, now
+from .memory import peak_memory
+
+# Batches for statistics are drawn far from the warm-up's indices (0..warmup_steps-1).
+STATS_INDEX_OFFSET = 1_000_000
+PHASES = ("statistics", "direction", "truncation", "line_search", "total")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One point of a sweep."""
+
+    strategy: str
+    dataset: str
+    d_s: int
+    d_e: int
+    b: int
+    d_k: int
+    p: int
+    seed: int = 0
+    device: str = "cpu"
+    n_batches: int = 4
+    repeats: int = 3
+    warmup_steps: int = 100
+    dtype: str = "float32"
+    scale_policy: str = "rescale"
+
+    def as_dict(self) -> dict:
+        """The configuration as a plain dict."""
+        return asdict(self)
+
+    def key(self, code_version: str) -> str:
+        """Resume key: the configuration and the code version."""
+        blob = json.dumps({**self.as_dict(), "code_version": code_version}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _capture(model, ds, cfg: RunConfig, device: str):
+    """Forward/backward ``n_batches`` train batches; return captures and the last batch's closure."""
+    block = model.block
+    caps = []
+    for i in range(cfg.n_batches):
+        inputs, targets = (t.to(device) for t in ds.batch(cfg.b, "train", STATS_INDEX_OFFSET + i))
+        model.zero_grad(set_to_none=True)
+        with block.capture():
+            model.loss(inputs, targets).backward()
+        c = block.captured(0)
+        caps.append((c.Xa, c.G, c.mask))
+    return caps, block.loss_of_scores(model.rest(targets), 0)
+
+
+def _stack_mask(mask, n: int, b: int):
+    """A per-sample mask for ``n`` stacked batches (the block's mask is shared by all)."""
+    return None if mask is None else mask.expand(n * b, -1, -1)
+
+
+def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
+    """Run one configuration; return its result columns (raises on failure)."""
+    from datasets import make_dataset, trained_model
+
+    device = cfg.device
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda requested but torch.cuda.is_available() is False")
+    dtype = getattr(torch, cfg.dtype)
+    strategy = strategies.make(cfg.strategy)
+    ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
+    model = trained_model(ds, cfg.d_k, warmup_steps=cfg.warmup_steps, scale_policy=cfg.scale_policy,
+                          cache_dir=cache_dir, dtype=dtype, device=device)
+    block = model.block
+    caps, loss_of_scores = _capture(model, ds, cfg, device)
+    X, G, mask = caps[-1]
+    W_Q, W_K = block.factors(0)
+    scale, new_scale = block.scale(0), block.new_scale(0, cfg.p)
+
+    def one_growth():
+        stats = strategy.new_statistics()
+        for Xi, Gi, mi in caps:
+            stats.update(Xi, Gi, mi)
+        return strategy.grow(W_Q, W_K, X, G, p=cfg.p, loss_of_scores=loss_of_scores, scale=scale,
+                             new_scale=new_scale, mask=mask, stats=stats)
+
+    def floor():
+        t: dict[str, float] = {}
+        base = strategies.Statistics()
+        for Xi, Gi, mi in caps:
+            base.update(Xi, Gi, mi)
+        with timed(t, "loss", device), torch.no_grad():
+            loss_of_scores(X @ (scale * W_Q @ W_K.mT) @ X.mT)
+        return base.elapsed, t["loss"]
+
+    with peak_memory(device) as mem:  # the warm-up run, untimed
+        r = one_growth()
+    times = {ph: [] for ph in PHASES}
+    floors, loss_evals = [], []
+    for _ in range(cfg.repeats):
+        r = one_growth()
+        for ph in PHASES:
+            times[ph].append(r.timings.get(ph, 0.0))
+        f_stats, f_loss = floor()
+        floors.append(f_stats + f_loss)
+        loss_evals.append(f_loss)
+
+    # Quality over every captured batch: the direction was fit to all of them.
+    Xall = torch.cat([c[0] for c in caps])
+    Gall = torch.cat([c[1] for c in caps])
+    mall = _stack_mask(mask, len(caps), cfg.b)
+    test_inputs, test_targets = (t.to(device) for t in ds.batch(cfg.b, "test", 0))
+    grown = copy.deepcopy(model)
+    grown.block.install(0, r.W_Q, r.W_K)
+    with torch.no_grad():
+        heldout_before = float(model.loss(test_inputs, test_targets))
+        heldout_after = float(grown.loss(test_inputs, test_targets))
+    med = {ph: stats_mod.median(v) for ph, v in times.items()}
+    return {
+        **metrics.quality(Gall, Xall, r.dZ, mall),
+        "loss_before": r.loss_before,
+        "loss_after": r.loss_after,
+        "loss_decrease": r.loss_before - r.loss_after,
+        "heldout_before": heldout_before,
+        "heldout_after": heldout_after,
+        "heldout_decrease": heldout_before - heldout_after,
+        "lam": r.lam,
+        "n_loss_evals": r.n_loss_evals,
+        "fallback": "; ".join(r.fallback),
+        **{f"t_{ph}": med[ph] for ph in PHASES},
+        "t_floor": stats_mod.median(floors),
+        "t_loss_eval": stats_mod.median(loss_evals),
+        "peak_mem_bytes": mem["peak_bytes"],
+        "peak_mem_method": mem["method"],
+        "extra": {"info": r.info, "times": times, "spec": r.spec,
+                  "dataset": ds.description, "dataset_options": ds.options()},
+    }
+
+
+def run_one(config: dict, cache_dir: str | None = "results/cache", threads: int | None = None) -> dict:
+    """Measure one configuration in a worker; never raises: a failure becomes a ``failed`` row."""
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = RunConfig(**config)
+    env = environment(cfg.device)
+    row = {**cfg.as_dict(), **env, "key": cfg.key(env["code_version"]), "started_at": now()}
+    try:
+        row.update(measure(cfg, cache_dir))
+        row["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - any failure of one configuration is recorded, the sweep goes on
+        row["status"] = "failed"
+        row["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-4))
+    row["finished_at"] = now()
+    return row

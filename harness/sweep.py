@@ -1,0 +1,238 @@
+"""The ablation sweep: strategies × datasets × sizes × seeds × devices, resumable.
+
+Runs are measured in workers (in-process, joblib processes or a Dask cluster) and
+written to SQLite by this process only, one committed row per finished run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import fields
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+import strategies
+from datasets import DATASETS
+
+from .db import ResultsDB
+from .env import code_version
+from .measure import RunConfig, run_one
+
+DEFAULT_DB = "results/growbench.sqlite"
+DEFAULT_CACHE = "results/cache"
+SIZE_AXES = ("d_s", "d_e", "b", "d_k", "p")
+LIST_AXES = ("strategies", "datasets", *SIZE_AXES, "seeds", "devices")
+DATASET_NAMES = tuple(DATASETS)
+
+_PRESET_STRATEGIES = ["formula1", "formula2", "formula3", "formula4", "joint", "default", "random", "zero", "gradmax"]
+
+
+def one_axis_variants(spec: str) -> list[str]:
+    """``spec`` with each axis changed to each other value in turn (the ablation neighbourhood)."""
+    c = strategies.parse(spec)
+    out = []
+    for axis in ("averaging", "inverse", "truncation", "line_search"):
+        for name in strategies.REGISTRY[axis]:
+            if name != c[axis]:
+                out.append(strategies.canonical(_spec({**c, axis: name})))
+    out.append(strategies.canonical(_spec({**c, "metric": not c["metric"]})))
+    from strategies.line_search import METHODS
+
+    out += [strategies.canonical(_spec({**c, "method": m})) for m in METHODS if m != c["method"]]
+    return out
+
+
+def _spec(c: dict) -> str:
+    metric = "+metric" if c["metric"] else ""
+    return f"{c['averaging']}/{c['inverse']}/{c['truncation']}{metric}/{c['line_search']}:{c['method']}"
+
+
+# Sizes per dataset where its warm-up reaches a useful point (icl-regression needs
+# N = d_s - 1 well above d_x = d_e - 1, and is rank-starved at d_k = 4 < d_x = 7).
+QUICK_SIZES = {
+    "teacher": dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
+    "icl-regression": dict(d_s=[32], d_e=[8], b=[64], d_k=[4], p=[2]),
+    "digits": dict(d_s=[16], d_e=[32], b=[64], d_k=[4], p=[4]),
+    "text": dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
+}
+
+
+def sweep_presets() -> dict[str, list[dict]]:
+    """Named sweeps: each a list of grids (dicts of lists) whose products are unioned."""
+    default = strategies.default_spec()
+    ablation = _PRESET_STRATEGIES + one_axis_variants(default)
+    scaling = ["formula1", "formula2", "joint", "default"]
+
+    def scaling_grids(base: dict, axes: dict, **kw) -> list[dict]:
+        return [dict(strategies=scaling, datasets=["teacher"], **{**base, axis: values}, **kw)
+                for axis, values in axes.items()]
+
+    return {
+        "smoke": [dict(strategies=_PRESET_STRATEGIES, datasets=list(DATASET_NAMES), d_s=[16], d_e=[16], b=[16],
+                       d_k=[2], p=[2], seeds=[0], devices=["cpu"], n_batches=2, repeats=1, warmup_steps=30)],
+        "quick": [
+            *(dict(strategies=ablation, datasets=[name], **sizes, seeds=[0, 1], devices=["cpu"], n_batches=4,
+                   repeats=3, warmup_steps=300) for name, sizes in QUICK_SIZES.items()),
+            *scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
+                           {"d_e": [16, 64, 128], "d_s": [8, 64, 128], "b": [16, 128, 256]},
+                           seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300),
+        ],
+        "full": [
+            dict(strategies=strategies.specs(), datasets=list(DATASET_NAMES), d_s=[64], d_e=[64], b=[256], d_k=[8],
+                 p=[8], seeds=[0, 1, 2], devices=["cpu", "cuda"], n_batches=4, repeats=5, warmup_steps=1000),
+            *scaling_grids(dict(d_s=[128], d_e=[64], b=[256], d_k=[8], p=[8]),
+                           {"d_e": [32, 128, 256, 512], "d_s": [32, 256, 512], "b": [64, 512, 1024]},
+                           seeds=[0, 1, 2], devices=["cpu", "cuda"], n_batches=4, repeats=5, warmup_steps=1000),
+        ],
+    }
+
+
+def expand(grids: Iterable[dict]) -> list[RunConfig]:
+    """Configurations of the union of the grids' products, without duplicates, in a stable order.
+
+    Strategy names are canonicalised (presets become their specs) and validated;
+    unknown datasets are rejected with the valid list.
+    """
+    scalar_fields = {f.name for f in fields(RunConfig)} - {"strategy", "dataset", *SIZE_AXES, "seed", "device"}
+    out: dict[RunConfig, None] = {}
+    for grid in grids:
+        unknown = set(grid) - set(LIST_AXES) - scalar_fields
+        if unknown:
+            raise ValueError(f"unknown sweep keys {sorted(unknown)}; valid: {sorted(set(LIST_AXES) | scalar_fields)}")
+        for d in grid["datasets"]:
+            if d not in DATASETS:
+                raise ValueError(f"unknown dataset {d!r}; valid: {', '.join(DATASETS)}")
+        specs = [strategies.canonical(s) for s in grid["strategies"]]
+        scalars = {k: grid[k] for k in scalar_fields if k in grid}
+        for dataset, d_s, d_e, b, d_k, p, seed, device, spec in itertools.product(
+            grid["datasets"], grid["d_s"], grid["d_e"], grid["b"], grid["d_k"], grid["p"], grid["seeds"],
+            grid["devices"], specs,
+        ):
+            out[RunConfig(strategy=spec, dataset=dataset, d_s=d_s, d_e=d_e, b=b, d_k=d_k, p=p, seed=seed,
+                          device=device, **scalars)] = None
+    return list(out)
+
+
+def _results(configs: list[RunConfig], jobs: int, backend: str, scheduler: str | None,
+             cache_dir: str | None) -> Iterator[dict]:
+    """Rows as runs finish, in completion order."""
+    todo = [c.as_dict() for c in configs]
+    if backend == "dask":
+        from distributed import Client, as_completed
+
+        client = Client(scheduler) if scheduler else Client(processes=False)
+        try:
+            futures = client.map(run_one, todo, cache_dir=cache_dir, pure=False)
+            for fut in as_completed(futures):
+                yield fut.result()
+        finally:
+            client.close()
+        return
+    if backend != "joblib":
+        raise ValueError(f"unknown backend {backend!r}; valid: joblib, dask")
+    if jobs == 1:
+        for c in todo:
+            yield run_one(c, cache_dir)
+        return
+    from joblib import Parallel, delayed
+
+    # Each worker gets its share of the cores, so timings are not skewed by oversubscription.
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(
+        delayed(run_one)(c, cache_dir, threads) for c in todo
+    )
+
+
+def run_sweep(
+    configs: list[RunConfig],
+    db_path: str = DEFAULT_DB,
+    *,
+    jobs: int = 1,
+    backend: str = "joblib",
+    scheduler: str | None = None,
+    resume: bool = False,
+    retry_failed: bool = False,
+    cache_dir: str | None = DEFAULT_CACHE,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run every configuration not already stored; return the rows of this sweep's configurations.
+
+    Parameters
+    ----------
+    configs : list of RunConfig
+    db_path : str
+        SQLite file (created if missing).
+    jobs : int
+        Parallel workers for the joblib backend.
+    backend : {"joblib", "dask"}
+    scheduler : str, optional
+        Address of an existing Dask scheduler (``tcp://host:8786``); default a local in-process cluster.
+    resume : bool
+        Skip configurations whose key (configuration + code version) is already stored.
+    retry_failed : bool
+        With ``resume``, run stored failures again.
+    """
+    cuda_ok = torch.cuda.is_available()
+    skipped = [c for c in configs if torch.device(c.device).type == "cuda" and not cuda_ok]
+    if skipped:
+        print(f"skipping {len(skipped)} cuda runs: torch.cuda.is_available() is False", file=sys.stderr)
+    configs = [c for c in configs if c not in skipped]
+    version = code_version()
+    with ResultsDB(db_path) as db:
+        if resume:
+            done = db.keys("ok") if retry_failed else db.keys()
+            todo = [c for c in configs if c.key(version) not in done]
+        else:
+            todo = configs
+        if resume and len(todo) < len(configs):
+            print(f"resuming: {len(configs) - len(todo)} of {len(configs)} runs already stored", file=sys.stderr)
+        bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
+        failed = 0
+        try:
+            for row in _results(todo, jobs, backend, scheduler, cache_dir):
+                db.write(row)
+                failed += row["status"] != "ok"
+                bar.set_postfix(failed=failed, refresh=False)
+                bar.update()
+        finally:
+            bar.close()
+        keys = {c.key(version) for c in configs}
+        frame = db.frame()
+    return frame[frame.key.isin(keys)].reset_index(drop=True)
+
+
+def preset_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """The one-screen table: the presets only, per dataset and device, with the preset's name."""
+    table = summary(frame)
+    if table.empty:
+        return table
+    names = {spec: name for name, spec in strategies.presets().items()}
+    table = table[table.strategy.isin(names)].copy()
+    table.insert(2, "preset", table.strategy.map(names))
+    return table.drop(columns=["strategy"])
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """One line per dataset × device × strategy: median time per phase (ms), quality, failures."""
+    if frame.empty:
+        return frame
+    keys = ["dataset", "device", "strategy"]
+    ok = frame[frame.status == "ok"].copy()
+    ok["x_floor"] = ok.t_total / ok.t_floor
+    cols = ["t_statistics", "t_direction", "t_truncation", "t_line_search", "t_total", "t_floor"]
+    g = ok.groupby(keys, sort=True)
+    out = (g[cols].median() * 1e3).rename(columns=lambda c: c[2:] + "_ms")
+    for col in ("x_floor", "optimality", "heldout_decrease", "n_loss_evals"):
+        out[col] = g[col].median()
+    out["runs"] = g.size()
+    # Strategies whose runs all failed still get a line.
+    every = frame.groupby(keys, sort=True).size().index
+    out = out.reindex(every)
+    out["runs"] = out["runs"].fillna(0).astype(int)
+    out["failed"] = frame[frame.status != "ok"].groupby(keys).size().reindex(every).fillna(0).astype(int)
+    return out.reset_index()

@@ -1,0 +1,195 @@
+"""The sweep harness end to end: database rows, resume after a kill, failures, Dask, determinism, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cli import main as cli_main
+from harness.db import CONFIG_COLUMNS, ResultsDB
+from harness.env import code_version
+from harness.measure import RunConfig
+from harness.sweep import expand, run_sweep, summary, sweep_presets
+
+ROOT = Path(__file__).resolve().parent.parent
+QUALITY = ["optimality", "first_order_decrease", "loss_before", "loss_after", "heldout_before", "heldout_after",
+           "bottleneck", "lam", "n_loss_evals"]
+
+
+def tiny_grid(**over) -> dict:
+    grid = dict(strategies=["formula2", "default"], datasets=["teacher"], d_s=[8], d_e=[8], b=[8], d_k=[2], p=[2],
+                seeds=[0], devices=["cpu"], n_batches=2, repeats=1, warmup_steps=5)
+    grid.update(over)
+    return grid
+
+
+def test_sweep_end_to_end_writes_complete_rows(tmp_path):
+    configs = expand([tiny_grid(datasets=["teacher", "text"])])
+    frame = run_sweep(configs, str(tmp_path / "r.sqlite"), cache_dir=str(tmp_path / "c"), progress=False)
+    assert len(frame) == 4 and set(frame.status) == {"ok"}
+    for col in QUALITY + ["t_statistics", "t_direction", "t_line_search", "t_truncation", "t_total", "t_floor"]:
+        assert frame[col].notna().all(), col
+    assert ((frame.optimality >= -1 - 1e-9) & (frame.optimality <= 1 + 1e-9)).all()
+    assert ((frame.bottleneck >= 0) & (frame.bottleneck <= 1 + 1e-9)).all()
+    # Phases are parts of the total, and the heldout columns are consistent.
+    assert (frame.t_total >= frame.t_line_search).all()
+    assert (frame.heldout_decrease - (frame.heldout_before - frame.heldout_after)).abs().max() < 1e-12
+    # The environment is recorded.
+    for col in ("torch_version", "device_name", "threads", "git_commit", "code_version", "started_at"):
+        assert frame[col].notna().all()
+    assert (frame.code_version == code_version()).all()
+    s = summary(frame)
+    assert set(s.strategy) == set(frame.strategy) and (s.failed == 0).all()
+
+
+def test_failing_configuration_is_recorded_and_the_sweep_goes_on(tmp_path):
+    # d_k + p = 2 + 8 > d_e = 8: grow raises, the run is stored as failed with its error.
+    configs = expand([tiny_grid(p=[2, 8])])
+    frame = run_sweep(configs, str(tmp_path / "r.sqlite"), cache_dir=str(tmp_path / "c"), progress=False)
+    assert len(frame) == 4
+    failed = frame[frame.status == "failed"]
+    assert len(failed) == 2 and (failed.p == 8).all()
+    assert failed.error.str.contains("d_k \\+ p > d_e").all()
+    assert (frame[frame.status == "ok"].p == 2).all()
+    s = summary(frame)
+    assert s.failed.sum() == 2
+
+
+def test_same_seed_same_quality_columns(tmp_path):
+    configs = expand([tiny_grid(strategies=["default", "joint", "gram/solve/rsvd+metric/normal:bounded"])])
+    a = run_sweep(configs, str(tmp_path / "a.sqlite"), cache_dir=str(tmp_path / "ca"), progress=False)
+    b = run_sweep(configs, str(tmp_path / "b.sqlite"), cache_dir=str(tmp_path / "cb"), progress=False)
+    a, b = a.sort_values("key").reset_index(drop=True), b.sort_values("key").reset_index(drop=True)
+    pd.testing.assert_frame_equal(a[["key", *QUALITY]], b[["key", *QUALITY]])
+
+
+def test_resume_skips_stored_runs(tmp_path):
+    db = str(tmp_path / "r.sqlite")
+    first = expand([tiny_grid()])
+    run_sweep(first, db, cache_dir=str(tmp_path / "c"), progress=False)
+    with ResultsDB(db) as d:
+        stamps = dict(d.frame()[["key", "finished_at"]].values)
+    more = expand([tiny_grid(seeds=[0, 1])])
+    frame = run_sweep(more, db, resume=True, cache_dir=str(tmp_path / "c"), progress=False)
+    assert len(frame) == 4
+    with ResultsDB(db) as d:
+        after = d.frame()
+    # The first runs were not redone (same finish stamps), the new ones were added.
+    assert all(after.set_index("key").finished_at[k] == v for k, v in stamps.items())
+    assert len(after) == 4
+
+
+def test_resume_after_killed_sweep_has_every_run_exactly_once(tmp_path):
+    db, cache = tmp_path / "r.sqlite", tmp_path / "c"
+    args = ["run", "--strategies", "formula2,default", "--datasets", "teacher", "--d-s", "8", "--d-e", "8",
+            "--b", "8", "--d-k", "2", "--p", "2", "--seeds", "0,1,2,3,4,5,6,7", "--repeats", "40",
+            "--n-batches", "2", "--warmup-steps", "5", "--db", str(db), "--cache-dir", str(cache), "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    n_at_kill = 0
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if db.exists():
+            with sqlite3.connect(db) as c:
+                try:
+                    n_at_kill = c.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+                except sqlite3.OperationalError:
+                    n_at_kill = 0
+            if n_at_kill >= 2:
+                break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 2 <= n_at_kill < 16, "the sweep must be killed mid-way for this test to mean anything"
+    with ResultsDB(db) as d:
+        survived = d.frame()
+    assert set(survived.status) == {"ok"} and len(survived) >= n_at_kill
+    configs = expand([dict(strategies=["formula2", "default"], datasets=["teacher"], d_s=[8], d_e=[8], b=[8],
+                           d_k=[2], p=[2], seeds=list(range(8)), devices=["cpu"], n_batches=2, repeats=40,
+                           warmup_steps=5)])
+    frame = run_sweep(configs, str(db), resume=True, cache_dir=str(cache), progress=False)
+    assert len(frame) == 16 and set(frame.status) == {"ok"}
+    per_config = frame.groupby(list(CONFIG_COLUMNS)).size()
+    assert len(per_config) == 16 and (per_config == 1).all()
+    assert set(frame.key) == {c.key(code_version()) for c in configs}
+
+
+def test_joblib_parallel_matches_serial_quality(tmp_path):
+    configs = expand([tiny_grid(seeds=[0, 1])])
+    serial = run_sweep(configs, str(tmp_path / "s.sqlite"), cache_dir=str(tmp_path / "c"), progress=False)
+    par = run_sweep(configs, str(tmp_path / "p.sqlite"), jobs=2, cache_dir=str(tmp_path / "c"), progress=False)
+    serial, par = (f.sort_values("key").reset_index(drop=True) for f in (serial, par))
+    assert set(par.status) == {"ok"}
+    for col in ("optimality", "loss_after", "lam"):
+        assert (serial[col] - par[col]).abs().max() <= 1e-5 * max(1.0, serial[col].abs().max())
+
+
+def test_dask_backend_on_a_local_cluster(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
+        configs = expand([tiny_grid(p=[2, 8])])
+        frame = run_sweep(configs, str(tmp_path / "r.sqlite"), backend="dask", scheduler=lc.scheduler_address,
+                          cache_dir=str(tmp_path / "c"), progress=False)
+    assert len(frame) == 4
+    assert (frame.status == "ok").sum() == 2 and (frame.status == "failed").sum() == 2
+
+
+def test_expand_validates_names_and_deduplicates():
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'.*teacher"):
+        expand([tiny_grid(datasets=["mnist"])])
+    with pytest.raises(ValueError, match="formula1"):
+        expand([tiny_grid(strategies=["nope"])])
+    configs = expand([tiny_grid(strategies=["formula4", "gram/solve/full/normal:grid"])])
+    assert len(configs) == 1  # a preset and its spec are the same run
+
+
+def test_preset_sizes_are_valid():
+    for name, grids in sweep_presets().items():
+        for c in expand(grids):
+            assert c.d_k + c.p <= c.d_e, (name, c)
+
+
+def test_cli_list_json_and_unknown_names(tmp_path, capsys):
+    assert cli_main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"presets", "strategies", "datasets", "sweep_presets"} <= set(data)
+    assert set(data["datasets"]) == {"teacher", "icl-regression", "digits", "text"}
+    assert set(data["sweep_presets"]) == {"smoke", "quick", "full"}
+    for bad, valid in ((["--preset", "huge"], "smoke"), (["--datasets", "mnist"], "teacher"),
+                       (["--strategies", "fomula1"], "formula1")):
+        assert cli_main(["run", *bad, "--db", str(tmp_path / "x.sqlite"), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert valid in err, err
+
+
+def test_cli_run_and_export(tmp_path, capsys):
+    db = str(tmp_path / "r.sqlite")
+    args = ["run", "--strategies", "default", "--datasets", "digits", "--d-s", "4", "--d-e", "8", "--b", "8",
+            "--d-k", "2", "--p", "2", "--repeats", "1", "--n-batches", "1", "--warmup-steps", "3", "--db", db,
+            "--cache-dir", str(tmp_path / "c"), "--no-progress"]
+    assert cli_main(args) == 0
+    assert "gram/solve/full+metric/fast:newton" in capsys.readouterr().out
+    assert cli_main(["export", "--format", "csv", "--db", db, "--out", str(tmp_path / "r.csv")]) == 0
+    csv = pd.read_csv(tmp_path / "r.csv")
+    assert len(csv) == 1 and csv.status[0] == "ok" and math.isfinite(csv.optimality[0])
+    assert cli_main(["export", "--format", "parquet", "--db", db, "--out", str(tmp_path / "r.parquet")]) == 0
+    assert len(pd.read_parquet(tmp_path / "r.parquet")) == 1
+    assert cli_main(["export", "--db", str(tmp_path / "missing.sqlite")]) == 2
+
+
+def test_run_config_key_depends_on_config_and_code_version():
+    a = RunConfig("default", "teacher", 8, 8, 8, 2, 2)
+    assert a.key("v1") == RunConfig("default", "teacher", 8, 8, 8, 2, 2).key("v1")
+    assert a.key("v1") != a.key("v2")
+    assert a.key("v1") != RunConfig("default", "teacher", 8, 8, 8, 2, 2, seed=1).key("v1")
