@@ -76,6 +76,60 @@ def _stack_mask(mask, n: int, b: int):
     return None if mask is None else mask.expand(n * b, -1, -1)
 
 
+def loss_along_lambda(strategy, stats, X, G, mask, W_Q, W_K, scale: float, rank: int, loss_of_scores,
+                      lam_max: float, n: int = 25) -> dict:
+    """The actual loss along λ on the fast and on the normal path, and the first-order tangent.
+
+    For the report's "loss along λ" figure: ``fast`` is ``L(S − λ X P̂ Xᵀ)``, ``normal``
+    is ``L(X T(Z − λP̂) Xᵀ)`` with the strategy's own truncation; ``slope`` is
+    ``−⟨G, X P̂ Xᵀ⟩``, so the tangent is ``loss0 + slope · λ``.
+    """
+    from strategies.truncation import Metric
+
+    with torch.no_grad():
+        P = strategy.direction(stats)
+        D = X @ P @ X.mT
+        if mask is not None:
+            D = D * mask
+        norm = float(torch.linalg.vector_norm(D))
+        if not norm > 0:
+            return {}
+        P_hat, D_hat = P / norm, D / norm
+        Z = scale * W_Q @ W_K.mT
+        S0 = X @ Z @ X.mT
+        tr = strategy.truncation
+        metric = Metric(stats.mean_A, tr.metric_rtol) if tr.metric else None
+        lams = [lam_max * i / (n - 1) for i in range(n)]
+        fast, normal = [], []
+        for lam in lams:
+            fast.append(float(loss_of_scores(S0 - lam * D_hat)))
+            U, s, V = tr(Z - lam * P_hat, rank, metric)
+            normal.append(float(loss_of_scores(((X @ U) * s) @ (X @ V).mT)))
+        return {"lam": lams, "fast": fast, "normal": normal, "loss0": fast[0],
+                "slope": float(-(G * D_hat).sum())}
+
+
+def formula_gap(caps) -> dict:
+    """Formula 2 (gram/pinv) against formula 1 (per-sample/pinv) on the same batches.
+
+    ``rel_diff = ‖P₂ − P₁‖_F / ‖P₁‖_F`` and the cosine of their score changes
+    ``X P Xᵀ`` (seed 001 reports the two converge as ``d_s / d_e`` grows).
+    """
+    dirs = []
+    for name in ("formula1", "formula2"):
+        st = strategies.make(name).new_statistics()
+        for Xi, Gi, mi in caps:
+            st.update(Xi, Gi, mi)
+        dirs.append(strategies.make(name).direction(st).double())
+    P1, P2 = dirs
+    X = torch.cat([c[0] for c in caps]).double()
+    S1, S2 = X @ P1 @ X.mT, X @ P2 @ X.mT
+    return {
+        "rel_diff": float(torch.linalg.matrix_norm(P2 - P1) / torch.linalg.matrix_norm(P1)),
+        "score_cosine": float((S1 * S2).sum() / (torch.linalg.vector_norm(S1) * torch.linalg.vector_norm(S2))),
+    }
+
+
 def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
     """Run one configuration; return its result columns (raises on failure)."""
     from datasets import make_dataset, trained_model
@@ -133,6 +187,18 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
         heldout_before = float(model.loss(test_inputs, test_targets))
         heldout_after = float(grown.loss(test_inputs, test_targets))
     med = {ph: stats_mod.median(v) for ph, v in times.items()}
+    extra = {"info": r.info, "times": times, "spec": r.spec, "dataset": ds.description,
+             "dataset_options": ds.options()}
+    if isinstance(strategy, strategies.GrowthStrategy):
+        stats = strategy.new_statistics()
+        for Xi, Gi, mi in caps:
+            stats.update(Xi, Gi, mi)
+        extra["lambda_curve"] = loss_along_lambda(
+            strategy, stats, X, G, mask, W_Q, W_K, scale, cfg.d_k + cfg.p, loss_of_scores,
+            lam_max=2.5 * r.lam if r.lam > 0 else 1.0,
+        )
+        if r.spec == strategies.canonical("formula2"):
+            extra["formula_gap"] = formula_gap(caps)
     return {
         **metrics.quality(Gall, Xall, r.dZ, mall),
         "loss_before": r.loss_before,
@@ -149,8 +215,7 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
         "t_loss_eval": stats_mod.median(loss_evals),
         "peak_mem_bytes": mem["peak_bytes"],
         "peak_mem_method": mem["method"],
-        "extra": {"info": r.info, "times": times, "spec": r.spec,
-                  "dataset": ds.description, "dataset_options": ds.options()},
+        "extra": extra,
     }
 
 

@@ -15,7 +15,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from . import metrics
 from ._checks import check_batch, check_factors, check_scale
 from ._timing import synchronize, timed
 from .averaging import Averaging
@@ -166,12 +165,12 @@ class Strategy(ABC):
         info: dict = {}
         with torch.no_grad():
             Z = scale * W_Q @ W_K.mT
-            S0 = X @ Z @ X.mT
+            S0 = scale * (X @ W_Q) @ (X @ W_K).mT  # through the rank-d_k factors: cheaper than X Z Xᵀ
             loss0 = float(loss(S0))
         if not math.isfinite(loss0):
             raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
         ctx = {"X": X, "G": G, "mask": mask, "loss": loss, "S0": S0, "Z": Z, "loss0": loss0, "log": log,
-               "info": info, "timings": timings}
+               "info": info, "timings": timings, "M_batch": stats.sum_M if own_stats else None}
         W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p, scale, new_scale)
         for name, W in (("W_Q", W_Q2), ("W_K", W_K2)):
             if not bool(torch.isfinite(W).all()):
@@ -181,7 +180,14 @@ class Strategy(ABC):
             if "loss_after" in ctx:
                 loss_after = ctx["loss_after"]
             else:
-                loss_after = float(loss(X @ (new_scale * W_Q2 @ W_K2.mT) @ X.mT))
+                loss_after = float(loss(new_scale * (X @ W_Q2) @ (X @ W_K2).mT))
+            # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
+            # statistics were built from it, else one pass over the batch.
+            M = ctx["M_batch"]
+            if M is None:
+                Gm = G if mask is None else G.masked_fill(~mask, 0.0)
+                M = X.reshape(-1, X.shape[-1]).mT @ (Gm @ X).reshape(-1, X.shape[-1])
+            first_order = float(-(M * dZ).sum())
         synchronize(X.device)
         timings["total"] = time.perf_counter() - t_start + (timings["statistics"] if not own_stats else 0.0)
         return GrowthResult(
@@ -189,7 +195,7 @@ class Strategy(ABC):
             W_K=W_K2,
             dZ=dZ,
             lam=float(lam),
-            first_order_decrease=metrics.first_order_decrease(G, X, dZ, mask),
+            first_order_decrease=first_order,
             loss_before=loss0,
             loss_after=loss_after,
             n_loss_evals=loss.calls,
@@ -250,9 +256,11 @@ class GrowthStrategy(Strategy):
 
         if norm > 0 and math.isfinite(norm):
             n_entries = int(mask.expand(X.shape[0], -1, -1).sum()) if mask is not None else D.numel()
+            D_hat = D / norm
             prob = SearchProblem(
-                loss=ctx["loss"], X=X, Z=Z, P_hat=P / norm, S0=ctx["S0"], D_hat=D / norm,
+                loss=ctx["loss"], X=X, Z=Z, P_hat=P / norm, S0=ctx["S0"], D_hat=D_hat,
                 loss0=ctx["loss0"], truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1)),
+                slope0=float(-(ctx["G"] * D_hat).sum()),
             )
             with timed(timings, "line_search", X.device):
                 lam, loss_at = self.line_search.search(prob, log, info)
@@ -263,8 +271,35 @@ class GrowthStrategy(Strategy):
         timings.setdefault("line_search", 0.0)
         with timed(timings, "truncation", X.device), torch.no_grad():
             U, s, V = truncate(Z - lam * P_hat)
-            root = s.clamp_min(0).sqrt() / math.sqrt(new_scale)
-            W_Q2, W_K2 = U * root, V * root
-        if self.line_search.loss_is_final and lam > 0:
-            ctx["loss_after"] = loss_at
-        return W_Q2, W_K2, lam
+        if self.line_search.loss_is_final:
+            if lam > 0:
+                ctx["loss_after"] = loss_at
+        elif lam > 0:
+            U, s, V, lam = self._check_truncated_step(ctx, truncate, Z, P_hat, (U, s, V), lam)
+        root = s.clamp_min(0).sqrt() / math.sqrt(new_scale)
+        return U * root, V * root, lam
+
+    def _check_truncated_step(self, ctx, truncate, Z, P_hat, usv, lam):
+        """The fast search chose λ without the rank limit: evaluate the truncated step, halve λ until it
+        decreases the loss (each halving one truncation and one evaluation); λ = 0 if none does."""
+        X, loss, timings = ctx["X"], ctx["loss"], ctx["timings"]
+        halvings = 0
+        while True:
+            U, s, V = usv
+            with timed(timings, "line_search", X.device), torch.no_grad():
+                v = float(loss(((X @ U) * s) @ (X @ V).mT))
+            if v < ctx["loss0"]:
+                ctx["loss_after"] = v
+                break
+            if halvings == self.line_search.max_backtrack:
+                ctx["log"].append(f"fast: no truncated step decreased the loss after {halvings} halvings; λ = 0")
+                lam = 0.0
+                with torch.no_grad():
+                    usv = truncate(Z)
+                break
+            halvings += 1
+            lam /= 2
+            with timed(timings, "truncation", X.device), torch.no_grad():
+                usv = truncate(Z - lam * P_hat)
+        ctx["info"]["truncated_backtracks"] = halvings
+        return (*usv, lam)

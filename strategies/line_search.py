@@ -6,7 +6,8 @@
 
 Search methods: ``grid`` (0 and 16 geometric points), ``bounded`` (Brent's bounded
 method of :func:`scipy.optimize.minimize_scalar`, on ``log λ``), ``newton`` (first and
-second derivatives of the loss along the path by AD).
+second derivatives of the loss along the path by AD), ``quadratic`` (MATH §5: ``φ(0)``
+and ``φ'(0) = −⟨G, X P̂ Xᵀ⟩`` cost nothing, one trial λ fixes a quadratic model; no AD).
 
 ``P̂`` is normalised so that ``‖X P̂ Xᵀ‖_F = 1`` over the batch: λ is the Frobenius norm
 of the (untruncated) score change. Searches are bracketed in units of
@@ -25,7 +26,7 @@ import torch
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
-METHODS = ("grid", "bounded", "newton")
+METHODS = ("grid", "bounded", "newton", "quadratic")
 
 
 @dataclass
@@ -48,6 +49,8 @@ class SearchProblem:
         ``Y (d_e, d_e) -> (U, s, V)``, the strategy's truncation at the grown rank.
     lam_unit : float
         ``sqrt(#attended entries)``: λ of one RMS logit per entry.
+    slope0 : float
+        ``−⟨G, X P̂ Xᵀ⟩``: the fast path's slope at λ = 0, from the captured gradient.
     """
 
     loss: Callable[[Tensor], Tensor]
@@ -59,6 +62,7 @@ class SearchProblem:
     loss0: float
     truncate: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
     lam_unit: float
+    slope0: float = math.nan
 
 
 class LineSearch(ABC):
@@ -75,7 +79,7 @@ class LineSearch(ABC):
     maxiter : int
         Iteration cap of the bounded search.
     newton_steps : int
-        Newton iterations (each one AD pass). The last one is followed by one
+        Newton iterations (each one AD pass); also the number of quadratic refits. The last one is followed by one
         quadratic interpolation through ``φ(0)``, ``φ'(0)`` and the loss at the Newton
         point (one more evaluation).
     max_backtrack : int
@@ -132,7 +136,52 @@ class LineSearch(ABC):
             return self._grid(prob)
         if self.method == "bounded":
             return self._bounded(prob, info)
+        if self.method == "quadratic":
+            return self._quadratic(prob, log, info)
         return self._newton(prob, log, info)
+
+    def _quadratic(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
+        """Minimise the quadratic through ``φ(0)``, ``φ'(0)`` and one trial; ``newton_steps`` refits.
+
+        The first trial is one RMS logit per entry (``lam_unit``), capped by the step at
+        which the linear model would remove the whole loss (``φ(0)/|φ'(0)|``). On the fast
+        path the model's minimiser is returned unevaluated (loss ``nan``): the caller
+        evaluates the truncated step anyway, and backtracks if it does not decrease the loss.
+        """
+        f0, g0 = prob.loss0, prob.slope0
+        if not (math.isfinite(g0) and g0 < 0):
+            log.append(f"quadratic: slope {g0:.3g} at λ=0 is not a descent; λ = 0")
+            return 0.0, f0
+        lam = min(prob.lam_unit, f0 / -g0) if f0 > 0 else prob.lam_unit
+        best = (0.0, f0)
+        trials = []
+        for _ in range(self.newton_steps):
+            v = self.phi(prob, lam)
+            trials.append(lam)
+            if v < best[1]:
+                best = (lam, v)
+            curv = 2 * (v - f0 - g0 * lam) / lam**2 if math.isfinite(v) else math.inf
+            # Concave between 0 and the trial: the minimiser lies beyond it, go four times further.
+            new = -g0 / curv if curv > 0 else 4 * lam
+            done = abs(new - lam) <= 0.1 * lam
+            lam = new
+            if done:
+                break
+        info["quadratic_trials"] = trials
+        if not self.loss_is_final:
+            return lam, math.nan
+        v = self.phi(prob, lam)
+        if v < best[1]:
+            best = (lam, v)
+        if best[0] > 0:
+            return best
+        for _ in range(self.max_backtrack):
+            lam /= 2
+            v = self.phi(prob, lam)
+            if v < best[1]:
+                return lam, v
+        log.append("quadratic: no decrease found; λ = 0")
+        return best
 
     def _grid(self, prob: SearchProblem) -> tuple[float, float]:
         lams = np.geomspace(self.lam_min, self.lam_max, self.n_grid - 1) * prob.lam_unit

@@ -61,6 +61,50 @@ def test_newton_finds_exact_minimiser_of_quadratic(spec, masked):
             assert r.lam == 0.0
 
 
+QUADRATIC_SPECS = [
+    "gram/solve/full+metric/fast:quadratic",
+    "joint/solve/full/fast:quadratic",
+    "gram/pinv/full/normal:quadratic",
+    "per-sample/solve/rsvd/normal:quadratic",
+]
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "causal"])
+@pytest.mark.parametrize("spec", QUADRATIC_SPECS)
+def test_quadratic_model_is_exact_on_a_quadratic_loss_with_one_trial(spec, masked):
+    """φ(0), φ'(0) = −⟨G, D̂⟩ and one trial fix a quadratic exactly: λ is the closed-form minimiser."""
+    for seed in (0, 10):
+        d_e, d_k = 5, 2
+        X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(seed, d_k, d_e, masked=masked)
+        s = strategies.make(spec)
+        P = s.direction(X, G, mask)
+        D = m * (X @ P @ X.mT)
+        D_hat = D / torch.linalg.vector_norm(D)
+        lam_star = float((m * (S0 - T) * D_hat).sum())
+        counted = Counted(loss)
+        r = s.grow(W_Q, W_K, X, G, p=d_e - d_k, loss_of_scores=counted, scale=c, mask=mask)
+        if lam_star > 0:
+            assert r.lam == pytest.approx(lam_star, rel=1e-8)
+            assert len(r.info["quadratic_trials"]) == 1
+            # loss before, one trial, then the step itself: no AD, no grid.
+            assert counted.calls == 3
+            assert r.loss_after == pytest.approx(float(loss(S0 - lam_star * D_hat)), rel=1e-8)
+        else:
+            assert r.lam == 0.0
+
+
+def test_fast_search_backtracks_when_the_truncated_step_increases_the_loss():
+    """With the rank limit binding, the untruncated λ can overshoot; the truncated step must still decrease."""
+    X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(3, d_k=2, d_e=6)
+    for spec in ("gram/solve/full/fast:quadratic", "gram/solve/full/fast:grid", "joint/solve/full/fast:newton"):
+        r = strategies.make(spec).grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss, scale=c)
+        Z_new = c * r.W_Q @ r.W_K.T
+        with torch.no_grad():
+            assert float(loss(X @ Z_new @ X.mT)) == pytest.approx(r.loss_after, rel=1e-9)
+        assert r.loss_after <= r.loss_before
+        assert r.lam == 0.0 or r.loss_after < r.loss_before
+
+
 def test_newton_guard_direction_is_a_descent_direction_for_gram():
     """Guard for the test above: with gram/joint ⟨G, X P Xᵀ⟩ ≥ 0, so λ* > 0 is really exercised."""
     for seed in (0, 10):
