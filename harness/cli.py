@@ -138,6 +138,40 @@ def _cmd_example(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    done = build_report(args.db, args.out, svg=not args.no_svg, device=args.device)
+    print(f"report of {args.db} -> {Path(args.out) / 'report.html'} ({len(done['files'])} files; figures: "
+          f"{', '.join(done['figures']) or 'none'})")
+    for note in done["notes"]:
+        print(f"  no figure: {note}")
+    return 0
+
+
+def _cmd_recommend(args: argparse.Namespace) -> int:
+    from .recommend import format_text, load_frame, recommend, write_default
+
+    rec = recommend(load_frame(args.db), tolerance=args.tolerance, device=args.device, time_metric=args.time)
+    print(format_text(rec))
+    if args.write:
+        if rec.spec is None or (rec.fallback and not args.force):
+            print("growbench: not written: " + ("no eligible strategy" if rec.spec is None else
+                                                "no strategy meets the rule (use --force to write the fallback)"),
+                  file=sys.stderr)
+            return 1
+        path = write_default(rec, args.db, args.default_file)
+        print(f"wrote {path}: strategies.make('default') is now {rec.spec}")
+    return 0
+
+
+def _cmd_targets(args: argparse.Namespace) -> int:
+    from .targets import run_targets
+
+    run_targets(repeats=args.repeats, device=args.device, cache_dir=args.cache_dir)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``growbench``."""
     from .sweep import DEFAULT_CACHE, DEFAULT_DB
@@ -179,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_exp.add_argument("--out", help="output file (default: the database's name with the format's suffix)")
     p_exp.set_defaults(func=_cmd_export)
 
+    p_tg = sub.add_parser("targets", help="measure the speed targets (issue 4) in one process, as a Markdown table")
+    p_tg.add_argument("--repeats", type=int, default=5, help="timed repeats per figure (median reported)")
+    p_tg.add_argument("--device", default="cpu", help="cpu or cuda")
+    p_tg.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
+    p_tg.set_defaults(func=_cmd_targets)
+
     p_ex = sub.add_parser("example", help="grow the reference block once with every preset and print a table")
     p_ex.add_argument("--b", type=int, default=256, help="batch size (default 256)")
     p_ex.add_argument("--d-s", type=int, default=128, help="sequence length (default 128)")
@@ -192,6 +232,25 @@ def build_parser() -> argparse.ArgumentParser:
     p_ex.add_argument("--presets", default="", help="comma-separated preset names or specs (default: every preset)")
     p_ex.add_argument("--json", default="", help="also write the table to this JSON file")
     p_ex.set_defaults(func=_cmd_example)
+
+    p_rep = sub.add_parser("report", help="write the ablation report (HTML, Markdown, figures, CSV)")
+    p_rep.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    p_rep.add_argument("--out", default="reports", help="output folder (default reports/)")
+    p_rep.add_argument("--no-svg", action="store_true", help="write PNG figures only")
+    p_rep.add_argument("--device", help="device whose runs the recommendation uses (default: the most frequent)")
+    p_rep.set_defaults(func=_cmd_report)
+
+    p_rec = sub.add_parser("recommend", help="choose the default strategy from the results by a documented rule")
+    p_rec.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    p_rec.add_argument("--device", help="device whose runs count (default: the most frequent)")
+    p_rec.add_argument("--tolerance", type=float, default=0.02,
+                       help="quality tolerance as a fraction of |best| (default 0.02, the documented rule)")
+    p_rec.add_argument("--time", choices=["t_total", "x_floor"], default="t_total",
+                       help="rank by median t_total (the rule) or by t_total/t_floor (robust to a busy machine)")
+    p_rec.add_argument("--write", action="store_true", help="write the choice to strategies/default.json")
+    p_rec.add_argument("--force", action="store_true", help="with --write, also write a fallback choice")
+    p_rec.add_argument("--default-file", help="write here instead of strategies/default.json")
+    p_rec.set_defaults(func=_cmd_recommend)
     return parser
 
 

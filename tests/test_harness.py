@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import strategies
 from harness.cli import main as cli_main
 from harness.db import CONFIG_COLUMNS, ResultsDB
 from harness.env import code_version
@@ -179,7 +180,7 @@ def test_cli_run_and_export(tmp_path, capsys):
             "--d-k", "2", "--p", "2", "--repeats", "1", "--n-batches", "1", "--warmup-steps", "3", "--db", db,
             "--cache-dir", str(tmp_path / "c"), "--no-progress"]
     assert cli_main(args) == 0
-    assert "gram/solve/full+metric/fast:newton" in capsys.readouterr().out
+    assert strategies.default_spec() in capsys.readouterr().out
     assert cli_main(["export", "--format", "csv", "--db", db, "--out", str(tmp_path / "r.csv")]) == 0
     csv = pd.read_csv(tmp_path / "r.csv")
     assert len(csv) == 1 and csv.status[0] == "ok" and math.isfinite(csv.optimality[0])

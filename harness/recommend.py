@@ -1,0 +1,405 @@
+"""Choose the default strategy from a results database, by a fixed and documented rule.
+
+The rule (:data:`RULE`), applied by :func:`recommend`:
+
+1. **Reference configuration.** For each dataset, only the runs of its *reference
+   configuration* count: the group of runs sharing sizes (``d_s, d_e, b, d_k, p``),
+   ``n_batches``, ``repeats``, ``warmup_steps``, ``dtype``, ``scale_policy`` and device
+   that covers the most distinct strategies (ties: the most runs, then the smallest
+   sizes). Every strategy is thus compared on the same problems and seeds; the
+   scaling grids of a sweep (other sizes, fewer strategies) do not mix in.
+2. **Eligible.** Growth strategies only (the baselines ``random``, ``zero``,
+   ``gradmax`` and names that are not valid specs are excluded) that never failed on
+   any run in the database (any configuration, any device) and that have at least one
+   successful run in the reference configuration of every dataset present.
+3. **Quality.** Per dataset, take each strategy's median over seeds of ``optimality``
+   and of ``heldout_decrease``. The *best* value is the highest such median among the
+   eligible strategies (a strategy that failed, or skipped a dataset, cannot veto the
+   others; its own medians are still compared with the best in its runner-up line). A value is
+   *within 2 %* of it when ``value >= best - 0.02 * |best|``: with a negative best
+   (no strategy lowers the held-out loss) this allows an increase at most 2 % larger
+   than the best one's; with a best of exactly 0 it asks for no increase at all.
+   A strategy *qualifies* when both of its medians are within 2 % of the best on every
+   dataset.
+4. **Speed.** Time is ``t_total`` (the growth, statistics included): the median over
+   seeds per dataset, then the **median of these per-dataset medians** (every dataset
+   weighs the same, whatever its problem size). The recommendation is the fastest
+   qualifying eligible strategy (ties: the spec string). ``time_metric="x_floor"``
+   ranks by ``t_total / t_floor`` instead (same medians): the floor is timed
+   interleaved with the growth's repeats, so the ratio cancels slow periods of a
+   shared machine; it is a robustness check, not the documented rule.
+5. **Fallback.** If no eligible strategy qualifies, the eligible strategy with the
+   smallest worst shortfall ``(best - value) / |best|`` over datasets and both
+   measures is returned (the first to qualify as the tolerance is raised; ties: the
+   faster), flagged ``fallback``; ``growbench recommend --write`` then refuses unless
+   ``--force``.
+
+The evidence (per-dataset medians against the best) and every runner-up, with the
+reason it lost, come with the choice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+
+import strategies
+
+TOLERANCE = 0.02
+QUALITY = ("optimality", "heldout_decrease")
+QUALITY_NAMES = {"optimality": "optimality", "heldout_decrease": "held-out decrease"}
+CELL_COLUMNS = ("d_s", "d_e", "b", "d_k", "p", "n_batches", "repeats", "warmup_steps", "dtype", "scale_policy",
+                "device")
+RULE = (
+    "Among growth strategies (baselines excluded) that never failed on any run in the database and that ran on "
+    "every dataset present, choose the fastest by the median over datasets of the per-dataset median {metric}, "
+    "whose median optimality and median held-out loss decrease are, on every dataset, within {tol:g}% of the best "
+    "eligible strategy's on that dataset (value >= best - {frac:g}*|best|). Per dataset only its reference "
+    "configuration counts: the sizes/settings/device group with the most strategies. Medians are over seeds."
+)
+
+
+class NoResults(ValueError):
+    """The database is missing, empty, or holds no successful run."""
+
+
+def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total") -> str:
+    """The rule in one paragraph, with the tolerance filled in."""
+    metric = "t_total" if time_metric == "t_total" else "t_total/t_floor (x_floor)"
+    return RULE.format(tol=100 * tolerance, frac=tolerance, metric=metric)
+
+
+# ------------------------------------------------------------------ loading
+def load_frame(db_path: str | Path) -> pd.DataFrame:
+    """Every run of the database (read only). :class:`NoResults` when it is missing or has no run."""
+    from .db import COLUMNS
+
+    path = Path(db_path)
+    if not path.is_file():
+        raise NoResults(f"no successful runs in {path}: the file does not exist (run 'growbench run' first)")
+    def read(conn) -> pd.DataFrame:
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            return pd.read_sql_query("SELECT * FROM runs", conn) if "runs" in tables else pd.DataFrame()
+        finally:
+            conn.close()
+
+    try:
+        try:  # read only: the report never changes the database
+            frame = read(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True))
+        except sqlite3.OperationalError:  # e.g. a WAL database whose -shm file cannot be created read-only
+            frame = read(sqlite3.connect(path))
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as e:
+        raise NoResults(f"no successful runs in {path}: not a readable results database ({e})") from e
+    if frame.empty:
+        raise NoResults(f"no successful runs in {path}: the database has no runs")
+    # Databases written before a column existed: add it, empty.
+    frame = frame.reindex(columns=list(dict.fromkeys([*COLUMNS, *frame.columns])))
+    n_ok = int((frame.status == "ok").sum())
+    if n_ok == 0:
+        first = str(frame.error.dropna().iloc[0]).splitlines()[0] if frame.error.notna().any() else "no error stored"
+        raise NoResults(f"no successful runs in {path}: all {len(frame)} runs failed (first error: {first})")
+    return frame
+
+
+def spec_parts(name) -> dict | None:
+    """``strategies.parse`` of a stored strategy name, or None when it is not a valid spec."""
+    try:
+        return strategies.parse(name)
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+def is_growth(name) -> bool:
+    """Whether ``name`` is a valid growth spec (not a baseline, not unknown)."""
+    c = spec_parts(name)
+    return c is not None and "baseline" not in c
+
+
+def preset_names() -> dict[str, str]:
+    """``{canonical spec: preset name}``."""
+    return {spec: name for name, spec in strategies.presets().items()}
+
+
+def label(spec: str, names: dict[str, str] | None = None) -> str:
+    """The preset name of a spec, or the spec itself."""
+    names = preset_names() if names is None else names
+    return names.get(spec, spec)
+
+
+def reference_runs(frame: pd.DataFrame, device: str | None = None) -> pd.DataFrame:
+    """The successful runs of each dataset's reference configuration (see the module docstring).
+
+    ``device``: restrict to one device; default the one with the most successful runs
+    (``cpu`` on a tie).
+    """
+    ok = frame[frame.status == "ok"]
+    if ok.empty:
+        return ok
+    if device is None:
+        counts = ok.device.value_counts()
+        top = counts[counts == counts.max()].index
+        device = "cpu" if "cpu" in top else sorted(top)[0]
+    ok = ok[ok.device == device]
+    parts = []
+    for _, runs in ok.groupby("dataset", sort=True):
+        cells = runs.groupby(list(CELL_COLUMNS), dropna=False)
+        stats = pd.DataFrame({"n_strategies": cells.strategy.nunique(), "n_runs": cells.size()}).reset_index()
+        stats = stats.sort_values(["n_strategies", "n_runs", "d_s", "d_e", "b", "d_k", "p"],
+                                  ascending=[False, False, True, True, True, True, True], kind="stable")
+        best = stats.iloc[0]
+        sel = pd.Series(True, index=runs.index)
+        for c in CELL_COLUMNS:
+            sel &= (runs[c] == best[c]) | (runs[c].isna() & pd.isna(best[c]))
+        parts.append(runs[sel])
+    return pd.concat(parts) if parts else ok.iloc[:0]
+
+
+def cell_description(ref: pd.DataFrame) -> dict[str, str]:
+    """``{dataset: "d_s=.. d_e=.. b=.. d_k=.. p=.. n_batches=.. device, N seeds"}`` of the reference runs."""
+    out = {}
+    for ds, runs in ref.groupby("dataset", sort=True):
+        r = runs.iloc[0]
+        out[ds] = (f"d_s={r.d_s} d_e={r.d_e} b={r.b} d_k={r.d_k} p={r.p} n_batches={r.n_batches} "
+                   f"repeats={r.repeats} on {r.device}, seeds {sorted(runs.seed.unique().tolist())}")
+    return out
+
+
+# ------------------------------------------------------------------ the rule
+def within(value: float, best: float, tolerance: float = TOLERANCE) -> bool:
+    """``value >= best - tolerance * |best|`` (False for a missing value)."""
+    if value is None or not math.isfinite(value):
+        return False
+    return value >= best - tolerance * abs(best)
+
+
+def shortfall(value: float, best: float) -> float:
+    """``(best - value) / |best|``, 0 when at or above the best (inf for any loss against a best of 0)."""
+    if value is None or not math.isfinite(value):
+        return math.inf
+    if value >= best:
+        return 0.0
+    return (best - value) / abs(best) if best != 0 else math.inf
+
+
+@dataclass
+class Recommendation:
+    spec: str | None
+    rule: str
+    fallback: bool
+    tolerance: float
+    datasets: list[str]
+    cells: dict[str, str]
+    evidence: dict = field(default_factory=dict)
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    excluded_baselines: list[str] = field(default_factory=list)
+
+    @property
+    def runners_up(self) -> pd.DataFrame:
+        return self.table[self.table.strategy != self.spec]
+
+    def as_json(self, db: str | None = None) -> dict:
+        """What ``--write`` stores in ``strategies/default.json`` (key ``spec`` first)."""
+        return {
+            "spec": self.spec,
+            "rule": self.rule,
+            "fallback": self.fallback,
+            "evidence": self.evidence,
+            "runners_up": [
+                {"strategy": r.strategy, "time_ms": _num(r.time_ms), "reason": r.reason}
+                for r in self.runners_up.itertuples()
+            ],
+            "db": db,
+            "generated": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+
+
+def _num(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
+
+
+def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | None = None,
+              time_metric: str = "t_total") -> Recommendation:
+    """Apply the rule of the module docstring to a runs frame (as from :func:`load_frame`).
+
+    ``time_metric``: ``"t_total"`` (the rule) or ``"x_floor"`` (``t_total / t_floor``, a robustness check).
+    """
+    if time_metric not in ("t_total", "x_floor"):
+        raise ValueError(f"unknown time metric {time_metric!r}; valid: t_total, x_floor")
+    key = "time_ms" if time_metric == "t_total" else "x_floor"
+    ok = frame[frame.status == "ok"]
+    if ok.empty:
+        raise NoResults("no successful runs in the database")
+    ref = reference_runs(frame, device)
+    datasets = sorted(ref.dataset.unique())
+    names = preset_names()
+
+    growth = ref[ref.strategy.map(is_growth)].assign(x_floor=lambda d: d.t_total / d.t_floor)
+    med = growth.groupby(["strategy", "dataset"])[["t_total", "x_floor", *QUALITY]].median()
+    failed = frame[frame.status != "ok"].groupby("strategy").size()
+    n_runs = frame.groupby("strategy").size()
+    first_error = frame[frame.status != "ok"].groupby("strategy").error.first()
+    every_growth = sorted({s for s in frame.strategy.dropna().unique() if is_growth(s)})
+    baselines = sorted({s for s in frame.strategy.dropna().unique() if not is_growth(s)})
+
+    def datasets_of(s):
+        return set(med.loc[s].index) if s in med.index.get_level_values("strategy") else set()
+
+    eligible_set = {s for s in every_growth if not failed.get(s, 0) and datasets_of(s) >= set(datasets)}
+    best = {}
+    for ds in datasets:
+        if not eligible_set:
+            break
+        if ds not in med.index.get_level_values("dataset"):
+            continue
+        m = med.xs(ds, level="dataset")
+        m = m[m.index.isin(eligible_set)]
+        best[ds] = {q: (float(m[q].max()), str(m[q].idxmax())) for q in QUALITY if m[q].notna().any()}
+
+    rows = []
+    for s in every_growth:
+        have = datasets_of(s)
+        missing = [ds for ds in datasets if ds not in have]
+        per_ds_t = [float(med.loc[(s, ds), "t_total"]) for ds in datasets if ds in have]
+        time_ms = 1e3 * float(pd.Series(per_ds_t).median()) if per_ds_t else math.nan
+        per_ds_x = [float(med.loc[(s, ds), "x_floor"]) for ds in datasets if ds in have]
+        x_floor = float(pd.Series(per_ds_x).median()) if per_ds_x else math.nan
+        worst, misses = 0.0, []
+        for ds in datasets:
+            if ds not in have:
+                continue
+            short = []
+            for q in QUALITY:
+                if q not in best.get(ds, {}):
+                    continue
+                v, (b, _) = float(med.loc[(s, ds), q]), best[ds][q]
+                worst = max(worst, shortfall(v, b))
+                if not within(v, b, tolerance):
+                    pct = f"{-100 * shortfall(v, b):+.1f}%" if b != 0 else "below a best of 0"
+                    short.append(f"{QUALITY_NAMES[q]} {v:.3g} vs {b:.3g} ({pct})")
+            if short:
+                misses.append(f"{ds}: {', '.join(short)}")
+        n_fail = int(failed.get(s, 0))
+        reasons = []
+        if n_fail:
+            err = str(first_error.get(s) or "").splitlines()[0] if first_error.get(s) else "no error stored"
+            reasons.append(f"failed {n_fail} of {int(n_runs[s])} runs (first: {err})")
+        if missing:
+            reasons.append(f"no run on {', '.join(missing)}")
+        eligible = not n_fail and not missing
+        qualifies = eligible and not misses
+        if misses:
+            reasons.append(f"more than {100 * tolerance:g}% short of the best on " + "; ".join(misses))
+        rows.append(dict(strategy=s, preset=names.get(s, ""), time_ms=time_ms, x_floor=x_floor, eligible=eligible,
+                         qualifies=qualifies, worst_shortfall=worst, reason="; ".join(reasons)))
+    table = pd.DataFrame(rows, columns=["strategy", "preset", "time_ms", "x_floor", "eligible", "qualifies",
+                                        "worst_shortfall", "reason"])
+    table = table.sort_values([key, "strategy"], na_position="last", kind="stable").reset_index(drop=True)
+
+    chosen, fallback = None, False
+    q = table[table.qualifies]
+    if len(q):
+        chosen = q.iloc[0].strategy
+    else:
+        el = table[table.eligible]
+        if len(el):
+            chosen = el.sort_values(["worst_shortfall", key, "strategy"], kind="stable").iloc[0].strategy
+            fallback = True
+    if chosen is not None:
+        t_chosen = float(table.loc[table.strategy == chosen, "time_ms"].iloc[0])
+        k_chosen = float(table.loc[table.strategy == chosen, key].iloc[0])
+        unit = " ms" if key == "time_ms" else "× the floor"
+        for i, r in table.iterrows():
+            if r.strategy == chosen:
+                table.at[i, "reason"] = "chosen" + (
+                    f" (fallback: nothing qualifies; qualifies from a tolerance of {100 * r.worst_shortfall:.1f}%)"
+                    if fallback else "")
+            elif r.qualifies:
+                table.at[i, "reason"] = (f"qualifies but slower: {r[key]:.3g}{unit} vs {k_chosen:.3g}{unit} "
+                                         f"({r[key] / k_chosen:.2f}×)")
+    table["rank"] = range(1, len(table) + 1)
+
+    evidence = {}
+    if chosen is not None:
+        for ds in datasets:
+            e = {"time_ms": _num(1e3 * float(med.loc[(chosen, ds), "t_total"])),
+                 "x_floor": _num(float(med.loc[(chosen, ds), "x_floor"])),
+                 "seeds": int(((ref.strategy == chosen) & (ref.dataset == ds)).sum())}
+            for qn in QUALITY:
+                if qn in best.get(ds, {}):
+                    b, who = best[ds][qn]
+                    v = float(med.loc[(chosen, ds), qn])
+                    e[qn] = _num(v)
+                    e[f"best_{qn}"] = _num(b)
+                    e[f"best_{qn}_strategy"] = who
+                    e[f"{qn}_within"] = within(v, b, tolerance)
+            evidence[ds] = e
+        evidence["median_time_ms"] = _num(t_chosen)
+        evidence["median_x_floor"] = _num(float(table.loc[table.strategy == chosen, "x_floor"].iloc[0]))
+        if fallback:
+            evidence["qualifies_from_tolerance"] = _num(float(
+                table.loc[table.strategy == chosen, "worst_shortfall"].iloc[0]))
+    return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric), fallback=fallback, tolerance=tolerance,
+                          datasets=datasets, cells=cell_description(ref), evidence=evidence, table=table,
+                          excluded_baselines=baselines)
+
+
+# ------------------------------------------------------------------ output
+def format_text(rec: Recommendation) -> str:
+    """The rule, the choice, its evidence and the runners-up, as printed by ``growbench recommend``."""
+    names = preset_names()
+    lines = ["rule: " + rec.rule, "", "reference configurations:"]
+    lines += [f"  {ds:15s} {desc}" for ds, desc in rec.cells.items()]
+    if rec.excluded_baselines:
+        lines.append(f"not eligible (baselines / not growth specs): {', '.join(rec.excluded_baselines)}")
+    lines.append("")
+    if rec.spec is None:
+        lines.append("choice: none: no growth strategy is eligible (never failed and ran on every dataset)")
+    else:
+        tag = f" (preset {names[rec.spec]})" if rec.spec in names else ""
+        lines.append(f"choice: {rec.spec}{tag}" + ("  [FALLBACK: no strategy meets the rule]" if rec.fallback else ""))
+        lines.append(f"  median over datasets of per-dataset median t_total: {rec.evidence['median_time_ms']:.3g} ms; "
+                     f"of t_total/t_floor: {rec.evidence['median_x_floor']:.3g}×")
+        if rec.fallback:
+            lines.append(f"  no eligible strategy is within {100 * rec.tolerance:g}% everywhere; this one qualifies "
+                         "first as the tolerance is raised (from "
+                         f"{100 * rec.evidence['qualifies_from_tolerance']:.1f}%)")
+        lines.append("evidence (medians over seeds; best = best eligible strategy on that dataset):")
+        ev = pd.DataFrame({ds: {
+            "time_ms": f"{e['time_ms']:.3g}",
+            "x_floor": f"{e['x_floor']:.3g}",
+            "optimality": f"{e.get('optimality', math.nan):.4f}",
+            "best_opt": f"{e.get('best_optimality', math.nan):.4f} ({label(e.get('best_optimality_strategy', ''))})",
+            "heldout_dec": f"{e.get('heldout_decrease', math.nan):.4g}",
+            "best_heldout": f"{e.get('best_heldout_decrease', math.nan):.4g} "
+                            f"({label(e.get('best_heldout_decrease_strategy', ''))})",
+            "within": "yes" if e.get("optimality_within") and e.get("heldout_decrease_within") else "NO",
+        } for ds, e in rec.evidence.items() if isinstance(e, dict)}).T
+        lines += ["  " + ln for ln in ev.to_string().splitlines()]
+    lines += ["", "runners-up (by median time; ms and multiple of the floor):"]
+    for r in rec.runners_up.itertuples():
+        tag = f" [{r.preset}]" if r.preset else ""
+        t = f"{r.time_ms:8.3g} ms {r.x_floor:6.3g}×fl" if math.isfinite(r.time_ms) else "       – ms"
+        lines.append(f"  {r.rank:2d}. {t}  {r.strategy}{tag}: {r.reason}")
+    return "\n".join(lines)
+
+
+def default_file() -> Path:
+    """``strategies/default.json`` of the installed package."""
+    return Path(strategies.__file__).resolve().parent / "default.json"
+
+
+def write_default(rec: Recommendation, db: str | Path, path: str | Path | None = None) -> Path:
+    """Write the recommendation to ``strategies/default.json`` (or ``path``); ``strategies.make("default")``
+    reads its ``spec`` key."""
+    if rec.spec is None:
+        raise ValueError("no strategy to write: no growth strategy is eligible")
+    path = Path(path) if path else default_file()
+    path.write_text(json.dumps(rec.as_json(str(Path(db).resolve())), indent=2) + "\n")
+    return path

@@ -1,0 +1,317 @@
+"""The report and the default-strategy recommendation: figures, self-contained HTML, the rule, bad databases."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import strategies
+from harness import recommend as R
+from harness.cli import main as cli_main
+from harness.db import ResultsDB
+from harness.report import build_report
+
+FIGURES = ("pareto", "ablation", "breakdown", "scaling", "formula_gap", "lambda", "devices")
+DEFAULT = strategies.default_spec()  # the fixture follows whatever default.json says
+HOSTILE = "<script>alert('x')</script>"
+
+
+def spec_of(name: str) -> str:
+    return strategies.canonical(name)
+
+
+_n = 0
+
+
+def row(strategy, dataset="teacher", *, seed=0, device="cpu", d_s=16, d_e=8, b=8, n_batches=4, t=0.01, opt=0.9,
+        heldout=0.01, status="ok", error=None, lam=1.0, extra=None, heldout_before=1.0) -> dict:
+    """One results row as the harness writes it (values chosen by the test)."""
+    global _n
+    _n += 1
+    r = dict(key=f"k{_n}", status=status, error=error, strategy=strategy, dataset=dataset, d_s=d_s, d_e=d_e, b=b,
+             d_k=2, p=2, seed=seed, device=device, n_batches=n_batches, repeats=1, warmup_steps=5, dtype="float32",
+             scale_policy="rescale", torch_version="2.13.0+cpu", device_name=f"{device} device", threads=1,
+             git_commit="abc", code_version="v1", hostname="h", python="3.11", started_at="2026-01-01T00:00:00",
+             finished_at="2026-01-01T00:00:01")
+    if status != "ok":
+        return r
+    r.update(optimality=opt, first_order_decrease=0.1, loss_before=1.0, loss_after=1.0 - 0.01 * opt,
+             loss_decrease=0.01 * opt, heldout_before=heldout_before, heldout_after=heldout_before - heldout,
+             heldout_decrease=heldout, bottleneck=0.5, lam=lam, n_loss_evals=5, fallback="",
+             t_statistics=0.3 * t, t_direction=0.1 * t, t_truncation=0.1 * t, t_line_search=0.4 * t, t_total=t,
+             t_floor=0.2 * t, t_loss_eval=0.05 * t, peak_mem_bytes=1000, peak_mem_method="sampled_rss_increase",
+             extra=extra if extra is not None else {})
+    return r
+
+
+def lambda_curve(lam_star: float) -> dict:
+    lams = [2.5 * lam_star * i / 24 for i in range(25)]
+    fast = [1.0 - 0.02 * x + 0.01 * x * x / lam_star for x in lams]
+    normal = [f + 0.001 * x for f, x in zip(fast, lams, strict=True)]
+    return {"lam": lams, "fast": fast, "normal": normal, "loss0": 1.0, "slope": -0.02}
+
+
+def fixture_rows() -> list[dict]:
+    """Two datasets × presets, the default's one-axis variants, baselines; a scaling grid; CUDA twins; failures."""
+    variants = list(dict.fromkeys([
+        DEFAULT, "gram/solve/full+metric/fast:newton", "gram/solve/full+metric/normal:newton",
+        "gram/solve/full+metric/fast:grid", "gram/solve/full+metric/fast:bounded", "gram/solve/full/fast:newton",
+        "gram/pinv/full+metric/fast:newton", "gram/solve/rsvd+metric/fast:newton",
+        "joint/solve/full+metric/fast:newton",
+    ]))
+    growth = [spec_of(p) for p in ("formula1", "formula2", "formula4", "joint")] + variants
+    rows = []
+    for di, ds in enumerate(("teacher", "text")):
+        for seed in (0, 1):
+            for i, s in enumerate(growth):
+                c = strategies.parse(s)
+                opt = 0.95 - 0.03 * i - 0.2 * (c["averaging"] == "per-sample") - 0.1 * (not c["metric"])
+                t = 0.002 * (1 + i) * (1 + 0.1 * seed) * (1 + di)
+                extra = {"lambda_curve": lambda_curve(2.0)}
+                if s == spec_of("formula2"):
+                    extra["formula_gap"] = {"rel_diff": 0.05, "score_cosine": 0.99}
+                lam = {"grid": 2.1, "bounded": 1.95, "newton": 2.0}[c["method"]]
+                for device, f in (("cpu", 1.0), ("cuda", 0.2)):
+                    if device == "cuda" and seed:
+                        continue
+                    rows.append(row(s, ds, seed=seed, device=device, t=t * f, opt=opt, heldout=0.01 * opt, lam=lam,
+                                    extra=extra))
+            for base in ("random", "zero"):
+                rows.append(row(base, ds, seed=seed, t=0.001, opt=0.05, heldout=0.0001, lam=0.0))
+    # Scaling grid on teacher: d_e in 8, 16, 32, 64 at n_batches=2 (formula 2 records its gap to formula 1).
+    for d_e in (8, 16, 32, 64):
+        for s, k in ((spec_of("formula2"), 1.0), (DEFAULT, 2.0)):
+            gap = {"formula_gap": {"rel_diff": 0.1 * d_e / 8, "score_cosine": 1 - 0.02 * d_e / 8}} \
+                if s == spec_of("formula2") else {}
+            rows.append(row(s, "teacher", d_e=d_e, n_batches=2, t=1e-4 * d_e ** k, extra=gap))
+    rows.append(row(HOSTILE, "teacher", status="failed", error=f"RuntimeError: boom {HOSTILE}\ntraceback"))
+    return rows
+
+
+def write_db(path: Path, rows: list[dict]) -> Path:
+    with ResultsDB(path) as db:
+        for r in rows:
+            db.write(r)
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rep")
+    db = write_db(root / "r.sqlite", fixture_rows())
+    out = root / "out"
+    done = build_report(db, out)
+    return db, out, done
+
+
+class _Doc(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.imgs, self.links, self.text = [], [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        if tag == "img":
+            self.imgs.append(a.get("src", ""))
+        for k in ("src", "href"):
+            if a.get(k) and tag != "img":
+                self.links.append(a[k])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+# ------------------------------------------------------------------ report
+def test_every_figure_is_written_png_and_svg(built):
+    _, out, done = built
+    assert set(done["figures"]) == set(FIGURES), done["notes"]
+    for name in FIGURES:
+        for ext in ("png", "svg"):
+            f = out / "figures" / f"{name}.{ext}"
+            assert f.is_file() and f.stat().st_size > 1000, f
+    assert (out / "figures" / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for f in ("report.html", "report.md", "summary.csv", "recommendation.json"):
+        assert (out / f).stat().st_size > 0
+
+
+def test_html_is_self_contained_and_escapes_database_strings(built):
+    _, out, _ = built
+    text = (out / "report.html").read_text()
+    doc = _Doc()
+    doc.feed(text)
+    doc.close()
+    assert len(doc.imgs) == len(FIGURES)
+    assert all(src.startswith("data:image/png;base64,") for src in doc.imgs)
+    # No external resource: no scripts, stylesheets or links out of the page.
+    assert "script" not in doc.tags and "link" not in doc.tags
+    assert all(h.startswith("#") for h in doc.links), doc.links
+    # The hostile strategy name and error message are shown, escaped.
+    assert "<script>" not in text and "&lt;script&gt;alert(" in text
+    assert any(HOSTILE in t for t in doc.text)
+    assert "failed runs" in text.lower()
+    md = (out / "report.md").read_text()
+    assert "<script>" not in md and "figures/pareto.png" in md
+    assert md.splitlines()[0].startswith("# ") and "growbench report --db" in md[:400]
+
+
+def test_captions_are_computed_from_the_data(built):
+    _, out, _ = built
+    text = (out / "report.html").read_text()
+    # Formula-gap rows grow with d_e at fixed d_s (ratio shrinks): the gap grows with d_s/d_e -> confirm.
+    assert "The data confirm seed 001" in text
+    # Scaling fits: default's times were made ∝ d_e², formula 2's ∝ d_e.
+    assert f"to 2.00 ({R.label(DEFAULT)})" in text
+    assert re.search(r"is [0-9.]+× (faster|slower) than formula1 \(median over 2 datasets", text)
+
+
+def test_recommendation_file_and_summary(built):
+    _, out, _ = built
+    rec = json.loads((out / "recommendation.json").read_text())
+    assert rec["spec"] and "rule" in rec and rec["evidence"]
+    import pandas as pd
+
+    s = pd.read_csv(out / "summary.csv")
+    assert {"dataset", "device", "strategy", "preset", "total_ms", "optimality", "failed"} <= set(s.columns)
+
+
+# ------------------------------------------------------------------ bad databases
+@pytest.mark.parametrize("command", ["report", "recommend"])
+def test_missing_empty_and_all_failed_databases_exit_2(tmp_path, capsys, command):
+    missing = tmp_path / "nope.sqlite"
+    assert cli_main([command, "--db", str(missing), *(["--out", str(tmp_path / "o")] if command == "report"
+                                                      else [])]) == 2
+    assert "no successful runs in" in capsys.readouterr().err and not missing.exists()
+
+    empty = tmp_path / "empty.sqlite"
+    ResultsDB(empty).close()
+    assert cli_main([command, "--db", str(empty)]) == 2
+    assert "no successful runs in" in capsys.readouterr().err
+
+    failed = write_db(tmp_path / "failed.sqlite", [row("formula1", status="failed", error="ValueError: bad"),
+                                                   row("default", status="failed", error="x")])
+    assert cli_main([command, "--db", str(failed)]) == 2
+    err = capsys.readouterr().err
+    assert "no successful runs in" in err and "all 2 runs failed" in err and "ValueError: bad" in err
+
+    junk = tmp_path / "junk.sqlite"
+    junk.write_text("not a database")
+    assert cli_main([command, "--db", str(junk)]) == 2
+    assert "no successful runs in" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the rule
+FAST_BAD = "gram/solve/rsvd+metric/fast:newton"  # fastest, 3 % worse optimality on one dataset
+SECOND = DEFAULT  # second fastest, within 2 % everywhere
+FLAKY = "gram/solve/full+metric/fast:bounded"  # even faster and best, but failed once
+BEST = "joint/solve/full+metric/fast:newton"  # best everywhere, slow
+PARTIAL = "gram/pinv/full+metric/fast:newton"  # fast and good, but ran on one dataset only
+
+
+def rule_rows() -> list[dict]:
+    rows = []
+    for ds in ("A", "B"):
+        for seed in (0, 1, 2):
+            rows += [
+                row(BEST, ds, seed=seed, t=0.010, opt=0.90, heldout=-0.0100),
+                row(SECOND, ds, seed=seed, t=0.002, opt=0.885, heldout=-0.0101),  # -1.7 %, and 1 % more loss
+                row(FAST_BAD, ds, seed=seed, t=0.001, opt=0.873 if ds == "B" else 0.90, heldout=-0.0100),
+                row(FLAKY, ds, seed=seed, t=0.0005, opt=0.95, heldout=0.0),
+                row("random", ds, seed=seed, t=0.0001, opt=0.99, heldout=0.5),  # a baseline is never eligible
+            ]
+            if ds == "A":
+                rows.append(row(PARTIAL, ds, seed=seed, t=0.0004, opt=0.95, heldout=0.0))
+    rows.append(row(FLAKY, "A", seed=9, status="failed", error="RuntimeError: singular"))
+    # Another configuration with fewer strategies must not change the reference configuration.
+    rows.append(row(SECOND, "A", d_e=64, t=5.0, opt=0.0, heldout=-1.0))
+    return rows
+
+
+def test_recommendation_follows_the_rule(tmp_path, capsys):
+    db = write_db(tmp_path / "r.sqlite", rule_rows())
+    rec = R.recommend(R.load_frame(db))
+    # FLAKY (failed once), PARTIAL (one dataset) and the baseline are out; FAST_BAD is 3 % worse on B.
+    assert rec.spec == SECOND and not rec.fallback
+    t = rec.table.set_index("strategy")
+    assert "short of the best on B: optimality 0.873 vs 0.9 (-3.0%)" in t.loc[FAST_BAD, "reason"]
+    assert not t.loc[FAST_BAD, "qualifies"] and t.loc[FAST_BAD, "eligible"]
+    assert "failed 1 of 7 runs (first: RuntimeError: singular)" in t.loc[FLAKY, "reason"]
+    assert not t.loc[FLAKY, "eligible"] and not t.loc[PARTIAL, "eligible"]
+    assert "no run on B" in t.loc[PARTIAL, "reason"]
+    assert "qualifies but slower" in t.loc[BEST, "reason"] and t.loc[BEST, "qualifies"]
+    assert "random" not in set(rec.table.strategy) and "random" in rec.excluded_baselines
+    # Best held-out decrease is -0.0100 (every eligible strategy raises the held-out loss): -0.0101 is within 2 %.
+    ev = rec.evidence["B"]
+    assert ev["best_optimality"] == pytest.approx(0.90) and ev["best_optimality_strategy"] in (BEST, FAST_BAD)
+    assert ev["best_heldout_decrease"] == pytest.approx(-0.0100) and ev["heldout_decrease_within"]
+    assert ev["optimality_within"] and ev["time_ms"] == pytest.approx(2.0)
+    # The reference configuration is the one with every strategy, not the d_e=64 run.
+    assert "d_e=8" in rec.cells["A"]
+
+    assert cli_main(["recommend", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert f"choice: {SECOND}" in out and "rule:" in out and "runners-up" in out
+    assert FAST_BAD in out and FLAKY in out
+
+
+def test_within_two_percent():
+    assert R.within(0.882, 0.9) and not R.within(0.881, 0.9)
+    assert R.within(-0.0102, -0.0100) and not R.within(-0.0103, -0.0100)  # negative best: 2 % more loss at most
+    assert R.within(0.0, 0.0) and not R.within(-1e-9, 0.0) and not R.within(math.nan, 1.0)
+
+
+def test_fallback_when_nothing_qualifies(tmp_path, capsys):
+    x, y = DEFAULT, BEST
+    rows = []
+    for seed in (0, 1):
+        rows += [row(x, "A", seed=seed, t=0.001, opt=0.9), row(x, "B", seed=seed, t=0.001, opt=0.8),
+                 row(y, "A", seed=seed, t=0.002, opt=0.8), row(y, "B", seed=seed, t=0.002, opt=0.9)]
+    db = write_db(tmp_path / "r.sqlite", rows)
+    rec = R.recommend(R.load_frame(db))
+    assert rec.fallback and rec.spec == x  # equal worst shortfall (11 %): the faster one
+    target = tmp_path / "default.json"
+    assert cli_main(["recommend", "--db", str(db), "--write", "--default-file", str(target)]) == 1
+    assert not target.exists() and "FALLBACK" in capsys.readouterr().out
+    assert cli_main(["recommend", "--db", str(db), "--write", "--force", "--default-file", str(target)]) == 0
+    assert json.loads(target.read_text())["fallback"] is True
+
+
+def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
+    db = write_db(tmp_path / "r.sqlite", rule_rows())
+    target = tmp_path / "default.json"
+    assert cli_main(["recommend", "--db", str(db), "--write", "--default-file", str(target)]) == 0
+    data = json.loads(target.read_text())
+    assert list(data)[0] == "spec" and data["spec"] == SECOND
+    assert {"rule", "evidence", "db", "generated"} <= set(data) and data["evidence"]["A"]["optimality_within"]
+    import strategies.registry as reg
+
+    monkeypatch.setattr(reg, "DEFAULT_FILE", str(target))  # an absolute path: joinpath yields it
+    assert strategies.default_spec() == SECOND and strategies.make("default").spec == SECOND
+
+
+# ------------------------------------------------------------------ a real (tiny) sweep
+def test_report_of_a_tiny_real_sweep(tmp_path):
+    from harness.sweep import expand, run_sweep
+
+    grid = dict(strategies=["formula1", "formula2", "default", "gram/solve/full+metric/normal:newton", "zero"],
+                datasets=["teacher", "text"], d_s=[8], d_e=[8], b=[8], d_k=[2], p=[2], seeds=[0], devices=["cpu"],
+                n_batches=2, repeats=1, warmup_steps=5)
+    db = tmp_path / "r.sqlite"
+    frame = run_sweep(expand([grid]), str(db), cache_dir=str(tmp_path / "c"), progress=False)
+    assert (frame.status == "ok").all()
+    # Figures of an earlier report that this one does not draw (or draws without SVG) are removed.
+    (tmp_path / "out" / "figures").mkdir(parents=True)
+    for stale in ("scaling.png", "pareto.svg"):
+        (tmp_path / "out" / "figures" / stale).write_text("old")
+    done = build_report(db, tmp_path / "out", svg=False)
+    assert {"pareto", "ablation", "breakdown", "formula_gap", "lambda"} <= set(done["figures"])
+    left = {f.name for f in (tmp_path / "out" / "figures").iterdir()}
+    assert "pareto.png" in left and not {"scaling.png", "pareto.svg"} & left
+    notes = " ".join(done["notes"])
+    assert "scaling" in notes and "no GPU comparison" in notes.replace("No GPU", "no GPU")
+    assert R.recommend(R.load_frame(db)).spec is not None
