@@ -173,15 +173,7 @@ class LineSearch(ABC):
         v = self.phi(prob, lam)
         if v < best[1]:
             best = (lam, v)
-        if best[0] > 0:
-            return best
-        for _ in range(self.max_backtrack):
-            lam /= 2
-            v = self.phi(prob, lam)
-            if v < best[1]:
-                return lam, v
-        log.append("quadratic: no decrease found; λ = 0")
-        return best
+        return best if best[0] > 0 else self._backtrack(prob, lam, log, "quadratic")
 
     def _grid(self, prob: SearchProblem) -> tuple[float, float]:
         lams = np.geomspace(self.lam_min, self.lam_max, self.n_grid - 1) * prob.lam_unit
@@ -268,16 +260,18 @@ class LineSearch(ABC):
                 info["interpolated_lambda"] = lam2
                 if v2 < best[1]:
                     best = (lam2, v2)
-        if best[0] > 0:
-            return best
         # Neither point decreased the loss: halve the step until one does.
+        return best if best[0] > 0 else self._backtrack(prob, proposal, log, "newton")
+
+    def _backtrack(self, prob: SearchProblem, lam: float, log: list[str], who: str) -> tuple[float, float]:
+        """Halve ``lam`` until the loss decreases (``max_backtrack`` times at most); else λ = 0, logged."""
         for _ in range(self.max_backtrack):
-            proposal /= 2
-            v = self.phi(prob, proposal)
-            if v < best[1]:
-                return proposal, v
-        log.append("newton: no decrease after backtracking; λ = 0")
-        return best
+            lam /= 2
+            v = self.phi(prob, lam)
+            if v < prob.loss0:
+                return lam, v
+        log.append(f"{who}: no decrease after backtracking; λ = 0")
+        return 0.0, prob.loss0
 
 
 class NormalSearch(LineSearch):
