@@ -84,6 +84,7 @@ def loss_along_lambda(strategy, stats, X, G, mask, W_Q, W_K, scale: float, rank:
     is ``L(X T(Z − λP̂) Xᵀ)`` with the strategy's own truncation; ``slope`` is
     ``−⟨G, X P̂ Xᵀ⟩``, so the tangent is ``loss0 + slope · λ``.
     """
+    from strategies.line_search import truncated_scores
     from strategies.truncation import Metric
 
     with torch.no_grad():
@@ -103,8 +104,7 @@ def loss_along_lambda(strategy, stats, X, G, mask, W_Q, W_K, scale: float, rank:
         fast, normal = [], []
         for lam in lams:
             fast.append(float(loss_of_scores(S0 - lam * D_hat)))
-            U, s, V = tr(Z - lam * P_hat, rank, metric)
-            normal.append(float(loss_of_scores(((X @ U) * s) @ (X @ V).mT)))
+            normal.append(float(loss_of_scores(truncated_scores(X, *tr(Z - lam * P_hat, rank, metric)))))
         return {"lam": lams, "fast": fast, "normal": normal, "loss0": fast[0],
                 "slope": float(-(G * D_hat).sum())}
 

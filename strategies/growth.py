@@ -18,7 +18,7 @@ from torch import Tensor
 from ._checks import check_batch, check_factors, check_scale
 from ._timing import synchronize, timed
 from .averaging import Averaging
-from .line_search import LineSearch, SearchProblem
+from .line_search import LineSearch, SearchProblem, truncated_scores
 from .result import GrowthResult
 from .statistics import Statistics
 from .truncation import Metric, Truncation
@@ -287,7 +287,7 @@ class GrowthStrategy(Strategy):
         while True:
             U, s, V = usv
             with timed(timings, "line_search", X.device), torch.no_grad():
-                v = float(loss(((X @ U) * s) @ (X @ V).mT))
+                v = float(loss(truncated_scores(X, U, s, V)))
             if v < ctx["loss0"]:
                 ctx["loss_after"] = v
                 break

@@ -274,6 +274,14 @@ class LineSearch(ABC):
         return 0.0, prob.loss0
 
 
+def truncated_scores(X: Tensor, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
+    """Scores ``X (U diag(s) Vᵀ) Xᵀ``, ``(b, d_s, d_s)``, through the rank-``r`` factors.
+
+    ``X U`` and ``X V`` are ``(b, d_s, r)``: cheaper than forming ``X Z' Xᵀ`` through ``d_e``.
+    """
+    return ((X @ U) * s) @ (X @ V).mT
+
+
 class NormalSearch(LineSearch):
     """``λ ↦ L( X T_r(Z − λP̂) Xᵀ )``: the rank constraint inside every trial."""
 
@@ -281,9 +289,7 @@ class NormalSearch(LineSearch):
     loss_is_final = True
 
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
-        U, s, V = prob.truncate(prob.Z - lam * prob.P_hat)
-        XU, XV = prob.X @ U, prob.X @ V  # (b, d_s, r): cheaper than forming X Z' Xᵀ via d_e
-        return (XU * s) @ XV.mT
+        return truncated_scores(prob.X, *prob.truncate(prob.Z - lam * prob.P_hat))
 
 
 class FastSearch(LineSearch):

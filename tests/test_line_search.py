@@ -28,6 +28,14 @@ def quadratic_problem(seed: int, d_k: int, d_e: int = 5, b: int = 3, d_s: int = 
     return X, W_Q, W_K, c, S0, T, mask, m, loss, grad_of(loss, S0)
 
 
+def closed_form_lambda(s, X, G, mask, m, S0, T) -> float:
+    """Minimiser of φ(λ) = 0.5‖m ⊙ (S0 − λ D̂ − T)‖² with D̂ = m ⊙ X P Xᵀ / ‖·‖: ⟨m ⊙ (S0 − T), D̂⟩."""
+    P = s.direction(X, G, mask)
+    D = m * (X @ P @ X.mT)
+    D_hat = D / torch.linalg.vector_norm(D)
+    return float((m * (S0 - T) * D_hat).sum()), D_hat
+
+
 NEWTON_SPECS = [
     "gram/pinv/full/fast:newton",
     "gram/solve/full+metric/fast:newton",
@@ -47,11 +55,7 @@ def test_newton_finds_exact_minimiser_of_quadratic(spec, masked):
         p = d_e - d_k if "normal" in spec else 2
         X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(seed, d_k, d_e, masked=masked)
         s = strategies.make(spec)
-        P = s.direction(X, G, mask)
-        D = m * (X @ P @ X.mT)
-        D_hat = D / torch.linalg.vector_norm(D)
-        # φ(λ) = 0.5‖m ⊙ (S0 − λ D̂ − T)‖², ‖D̂‖ = 1: minimiser ⟨m ⊙ (S0 − T), D̂⟩.
-        lam_star = float((m * (S0 - T) * D_hat).sum())
+        lam_star, _ = closed_form_lambda(s, X, G, mask, m, S0, T)
         r = s.grow(W_Q, W_K, X, G, p=p, loss_of_scores=loss, scale=c, mask=mask)
         if lam_star > 0:
             assert r.lam == pytest.approx(lam_star, rel=1e-9)
@@ -77,10 +81,7 @@ def test_quadratic_model_is_exact_on_a_quadratic_loss_with_one_trial(spec, maske
         d_e, d_k = 5, 2
         X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(seed, d_k, d_e, masked=masked)
         s = strategies.make(spec)
-        P = s.direction(X, G, mask)
-        D = m * (X @ P @ X.mT)
-        D_hat = D / torch.linalg.vector_norm(D)
-        lam_star = float((m * (S0 - T) * D_hat).sum())
+        lam_star, D_hat = closed_form_lambda(s, X, G, mask, m, S0, T)
         counted = Counted(loss)
         r = s.grow(W_Q, W_K, X, G, p=d_e - d_k, loss_of_scores=counted, scale=c, mask=mask)
         if lam_star > 0:
