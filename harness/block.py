@@ -324,18 +324,50 @@ class GrowableAttention(nn.Module):
         Callable[[Tensor], Tensor]
             ``fn(S_new)``, S_new (b, d_s, d_s) pre-mask -> scalar. Built from
             plain ops so ``torch.autograd.grad`` and ``torch.func`` transforms
-            (e.g. ``jvp(grad(fn))``) apply. Uses the X captured at call time and
-            the parameters as they are when ``fn`` runs.
+            (e.g. ``jvp(grad(fn))``) apply.
+
+        Notes
+        -----
+        A growth evaluates ``fn`` several times with only ``head``'s scores
+        changing, so everything else in the block is computed once, here, from
+        the captured X and the parameters as they are now (detached): the other
+        heads' outputs, the residual and ``head``'s values times its rows of
+        ``W_O``. One call is then a softmax, one batched product and ``rest``
+        (which uses its parameters as they are when ``fn`` runs).
         """
-        self._check_head(head)
+        h = self._check_head(head)
         if self._cap_X is None:
             raise RuntimeError(
                 "nothing captured: run forward inside `with block.capture():`"
             )
-        X = self._cap_X  # snapshot: later captures must not change this closure
+        X, Xa = self._cap_X, self._cap_Xa  # snapshot: later captures must not change this closure
+        mask = self.mask(X.shape[1], X.device)
+        rows = slice(head * self.d_v, (head + 1) * self.d_v)
+        with torch.no_grad():
+            base = X if self.b_O is None else X + self.b_O
+            for i, other in enumerate(self.heads):
+                if i != head:
+                    S = self._c(i) * (Xa @ other.W_Q) @ (Xa @ other.W_K).mT
+                    if mask is not None:
+                        S = S.masked_fill(~mask, float("-inf"))
+                    out = torch.softmax(S, dim=-1) @ (Xa @ other.W_V)
+                    base = base + out @ self.W_O[i * self.d_v:(i + 1) * self.d_v]
+            V = Xa @ h.W_V
+            W_O = self.W_O[rows].detach()
+            # Fold W_O into the values when that is cheaper per call: A (V W_O) costs
+            # d_s·d_e per row against d_s·d_v + d_v·d_e for (A V) W_O.
+            fold = X.shape[1] * self.d_e <= X.shape[1] * self.d_v + self.d_v * self.d_e
+            if fold:
+                V = V @ W_O
 
         def fn(S_new: Tensor) -> Tensor:
-            return rest(self.forward_from_scores(X, {head: S_new}))
+            if S_new.shape != X.shape[:1] + (X.shape[1], X.shape[1]):
+                raise ValueError(
+                    f"scores must have shape {(X.shape[0], X.shape[1], X.shape[1])}, got {tuple(S_new.shape)}"
+                )
+            S = S_new if mask is None else S_new.masked_fill(~mask, float("-inf"))
+            out = torch.softmax(S, dim=-1) @ V
+            return rest(base + (out if fold else out @ W_O))
 
         return fn
 

@@ -65,7 +65,7 @@ class Strategy(ABC):
 
     def _stats(self, X: Tensor, G: Tensor, mask: Tensor | None, stats: Statistics | None) -> Statistics:
         if stats is None:
-            return self.new_statistics().update(X, G, mask)
+            return self.new_statistics()._add(X, G, mask)  # grow() has validated the batch
         if type(stats) is not type(self.new_statistics()):
             raise ValueError(
                 f"stats of type {type(stats).__name__} do not fit {self.spec!r}: use this strategy's new_statistics()"
@@ -248,7 +248,7 @@ class GrowthStrategy(Strategy):
             metric = Metric(stats.mean_A, self.truncation.metric_rtol) if self.truncation.metric else None
             D = X @ P @ X.mT
             if mask is not None:
-                D = D * mask
+                D.mul_(mask)
             norm = float(torch.linalg.vector_norm(D))
 
         def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -256,11 +256,11 @@ class GrowthStrategy(Strategy):
 
         if norm > 0 and math.isfinite(norm):
             n_entries = int(mask.expand(X.shape[0], -1, -1).sum()) if mask is not None else D.numel()
-            D_hat = D / norm
+            D_hat = D.div_(norm)
             prob = SearchProblem(
                 loss=ctx["loss"], X=X, Z=Z, P_hat=P / norm, S0=ctx["S0"], D_hat=D_hat,
                 loss0=ctx["loss0"], truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1)),
-                slope0=float(-(ctx["G"] * D_hat).sum()),
+                slope0=-float(torch.dot(ctx["G"].reshape(-1), D_hat.reshape(-1))),
             )
             with timed(timings, "line_search", X.device):
                 lam, loss_at = self.line_search.search(prob, log, info)

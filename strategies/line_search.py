@@ -213,6 +213,8 @@ class LineSearch(ABC):
         return float(v.detach()), float(d1.detach()), float(d2)
 
     def _fast_path(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
+        if isinstance(lam, float):
+            return torch.add(prob.S0, prob.D_hat, alpha=-lam)  # one pass, one allocation
         return prob.S0 - lam * prob.D_hat
 
     def _newton(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:

@@ -56,7 +56,10 @@ class Statistics:
         Statistics
             ``self``, so calls can be chained.
         """
-        mask = check_batch(X, G, mask)
+        return self._add(X, G, check_batch(X, G, mask))
+
+    def _add(self, X: Tensor, G: Tensor, mask: Tensor | None) -> Statistics:
+        """``update`` on a batch already validated by :func:`check_batch` (a growth checks it once)."""
         if self.sum_A is not None and (
             X.shape[-1] != self.sum_A.shape[-1] or X.dtype != self.sum_A.dtype or X.device != self.sum_A.device
         ):

@@ -189,3 +189,13 @@ def test_singular_gram_under_solve_falls_back_to_pinv(spec):
     assert r.fallback and any("pinv" in m for m in r.fallback), r.fallback
     assert torch.isfinite(r.W_Q).all() and torch.isfinite(r.W_K).all()
     assert r.W_Q.shape == (6, 4)
+
+
+def test_finite_check_passes_a_finite_tensor_whose_sum_overflows() -> None:
+    from strategies._checks import check_finite
+
+    big = torch.full((4,), 3e38)  # finite, but its float32 sum is inf
+    check_finite("X", big)
+    big[2] = float("nan")
+    with pytest.raises(ValueError, match="X contains 1 NaN/Inf"):
+        check_finite("X", big)

@@ -195,16 +195,19 @@ def test_captured_errors_and_no_capture_outside_context() -> None:
 
 
 # ---------------------------------------------------------------- loss_of_scores
-@pytest.mark.parametrize("causal", [False, True])
-def test_loss_of_scores_reproduces_and_differentiates(causal: bool) -> None:
+@pytest.mark.parametrize("causal,d_s", [(False, 5), (True, 5), (False, 12)])
+def test_loss_of_scores_reproduces_and_differentiates(causal: bool, d_s: int) -> None:
+    # d_s = 12 makes (A V) W_O cheaper than A (V W_O): the closure's other branch.
     block = make(d_e=6, d_k=3, n_heads=2, bias=True, causal=causal)
-    X = inputs()
+    X = inputs(d_s=d_s)
     with block.capture():
         loss = rest(block(X))
     loss.backward()
     cap = block.captured(1)
     fn = block.loss_of_scores(rest, head=1)
     torch.testing.assert_close(fn(cap.S), loss.detach())
+    with pytest.raises(ValueError, match="scores must have shape"):
+        fn(cap.S[:, :-1])
 
     S = cap.S.clone().requires_grad_(True)
     (g,) = torch.autograd.grad(fn(S), S, create_graph=True)
