@@ -1,4 +1,7 @@
-"""The ``growbench`` command line: ``list``, ``run``, ``export``, ``example``."""
+"""The ``growbench`` command line.
+
+``list``, ``run``, ``train``, ``export``, ``report``, ``recommend``, ``targets``, ``example``.
+"""
 
 from __future__ import annotations
 
@@ -165,6 +168,37 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .train_sweep import run_train_sweep, train_presets, train_summary
+
+    presets = train_presets()
+    if args.preset not in presets:
+        raise ValueError(f"unknown training preset {args.preset!r}; valid: {', '.join(presets)}")
+    configs = presets[args.preset]
+    if args.methods:
+        # The preset's runs of these methods, plus each other method in the preset's plain design.
+        plain = [c for c in configs if c.method == "default" and c == dataclasses.replace(
+            c, n_heads=1, head_split="each", trigger="schedule", scale_policy="rescale", opt_state="pad")]
+        keep = [c for c in configs if c.method in args.methods]
+        configs = list(dict.fromkeys(keep + [dataclasses.replace(c, method=m) for m in args.methods for c in plain]))
+    for name in ("datasets", "seeds"):
+        values = getattr(args, name)
+        if values:
+            field = name[:-1]
+            configs = list(dict.fromkeys(dataclasses.replace(c, **{field: v}) for v in values for c in configs))
+    if args.device:
+        configs = list(dict.fromkeys(dataclasses.replace(c, device=args.device) for c in configs))
+    print(f"{len(configs)} training runs -> {args.db}", file=sys.stderr)
+    runs = run_train_sweep(configs, args.db, jobs=args.jobs, resume=not args.no_resume,
+                           retry_failed=args.retry_failed, progress=not args.no_progress)
+    table = train_summary(runs)
+    if not table.empty:
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 1 if (runs.status != "ok").any() else 0
+
+
 def _cmd_targets(args: argparse.Namespace) -> int:
     from .targets import run_targets
 
@@ -206,6 +240,23 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--scheduler", help="Dask scheduler address (dask backend; default: a local cluster)")
     p_run.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_run.set_defaults(func=_cmd_run)
+
+    p_tr = sub.add_parser("train", help="growth during training: curves of grown vs fixed blocks into the database",
+                          description="Train blocks from a small d_k, grown every K steps with each method, "
+                                      "next to fixed-size baselines; resumes by default.")
+    p_tr.add_argument("--preset", default="quick", help="smoke (<2 min), quick (<15 min on 2 cores), full")
+    p_tr.add_argument("--methods", type=_csv(str),
+                      help="replace the preset's single-head methods by these (specs, presets, baselines, "
+                           "fixed-small, fixed-large)")
+    p_tr.add_argument("--datasets", type=_csv(str), help="comma-separated dataset names")
+    p_tr.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
+    p_tr.add_argument("--device", help="cpu or cuda (default: the preset's, cpu)")
+    p_tr.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    p_tr.add_argument("--no-resume", action="store_true", help="rerun runs already in the database")
+    p_tr.add_argument("--retry-failed", action="store_true", help="run stored failures again")
+    p_tr.add_argument("--jobs", type=int, default=1, help="parallel workers (joblib)")
+    p_tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p_tr.set_defaults(func=_cmd_train)
 
     p_exp = sub.add_parser("export", help="export the results database")
     p_exp.add_argument("--format", choices=["csv", "parquet"], default="csv")

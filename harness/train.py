@@ -1,0 +1,379 @@
+"""Growth during training: a block trained from a small ``d_k``, grown by ``p`` until ``d_k_max``.
+
+One run (:func:`train_run`) trains a fresh model of a dataset with Adam. Every
+``grow_every`` steps (``trigger="schedule"``), or when the factors' own gradient step
+follows too little of the reachable functional gradient (``trigger="bottleneck"``),
+each head below ``d_k_max`` is grown with the run's method. Methods:
+
+- a growth strategy (spec or preset, e.g. ``default``) or a baseline (``random``,
+  ``zero``, ``gradmax``);
+- ``fixed-small``: ``d_k0`` throughout; ``fixed-large``: ``d_k_max`` from scratch.
+
+A growth step costs one extra forward/backward on ``stats_batches`` train batches with
+capture (not used for an optimiser step), the statistics, the strategy's step and the
+optimiser-state surgery of :mod:`harness.optim_state`; all of it is counted in the
+run's wall time and FLOPs. FLOPs are counted by :class:`torch.utils.flop_counter.FlopCounterMode`
+(matrix products and convolutions; an SVD or an eigendecomposition of ``d_e × d_e`` is
+not counted, a negligible share at these sizes): one training step per architecture
+(steps of the same architecture cost the same) and every growth in full. Held-out
+evaluation is excluded from both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import strategies
+from strategies import metrics
+from strategies._timing import synchronize
+
+from .optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
+
+FIXED_METHODS = ("fixed-small", "fixed-large")
+TRIGGERS = ("schedule", "bottleneck")
+HEAD_SPLITS = ("each", "budget")
+# Test batches for the held-out loss use indices from here on (train batches use the step).
+HELDOUT_BATCHES = 8
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    Attributes
+    ----------
+    method : str
+        Growth strategy (spec or preset), baseline, ``fixed-small`` or ``fixed-large``.
+    dataset : str
+    d_s, d_e, b : int
+        Sequence length, width, batch size.
+    d_k0, d_k_max : int
+        Starting and final query/key width per head.
+    p : int
+        Columns added per growth (per head with ``head_split="each"``; in total with ``"budget"``).
+    grow_every : int
+        Steps between growths (``schedule``), or between checks (``bottleneck``).
+    steps : int
+        Optimiser steps.
+    n_heads : int
+    head_split : {"each", "budget"}
+        ``each``: every head grows by ``p`` from its own statistics; ``budget``: ``p``
+        columns in total, each given to the head whose next singular value of its whitened
+        direction is largest (largest first-order decrease per column).
+    trigger : {"schedule", "bottleneck"}
+        ``bottleneck``: grow when the optimality (MATH §7) of the factors' own gradient step
+        is below ``threshold``: the layer cannot follow the reachable functional gradient.
+    threshold : float
+    scale_policy : {"rescale", "fixed", "learnable"}
+    opt_state : {"pad", "reset"}
+        Adam state of grown parameters (:mod:`harness.optim_state`).
+    lr : float
+        Adam's learning rate.
+    seed : int
+    eval_every : int
+        Steps between held-out evaluations (curve points).
+    stats_batches : int
+        Train batches whose statistics make a growth's direction.
+    device, dtype : str
+    """
+
+    method: str
+    dataset: str
+    d_s: int
+    d_e: int
+    b: int
+    d_k0: int
+    d_k_max: int
+    p: int
+    grow_every: int
+    steps: int
+    n_heads: int = 1
+    head_split: str = "each"
+    trigger: str = "schedule"
+    threshold: float = 0.5
+    scale_policy: str = "rescale"
+    opt_state: str = "pad"
+    lr: float = 3e-3
+    seed: int = 0
+    eval_every: int = 25
+    stats_batches: int = 2
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.method not in FIXED_METHODS:
+            try:
+                strategies.canonical(self.method)
+            except ValueError as e:
+                raise ValueError(f"unknown training method {self.method!r}: {e}; "
+                                 f"or one of {', '.join(FIXED_METHODS)}") from None
+        for name, value, valid in (("trigger", self.trigger, TRIGGERS), ("head_split", self.head_split, HEAD_SPLITS),
+                                   ("opt_state", self.opt_state, OPT_STATE_POLICIES)):
+            if value not in valid:
+                raise ValueError(f"unknown {name} {value!r}; valid: {', '.join(valid)}")
+        if not 1 <= self.d_k0 <= self.d_k_max:
+            raise ValueError(f"need 1 <= d_k0 <= d_k_max, got d_k0={self.d_k0}, d_k_max={self.d_k_max}")
+        if self.d_k_max > self.d_e:
+            raise ValueError(f"d_k_max={self.d_k_max} > d_e={self.d_e}: Z = c W_Q W_Kᵀ has rank at most d_e")
+        if min(self.p, self.grow_every, self.steps, self.eval_every, self.stats_batches, self.n_heads) < 1:
+            raise ValueError("p, grow_every, steps, eval_every, stats_batches and n_heads must be >= 1")
+
+    def as_dict(self) -> dict:
+        """The configuration as a plain dict."""
+        return asdict(self)
+
+    def key(self, code_version: str) -> str:
+        """Resume key: the configuration and the code version."""
+        blob = json.dumps({**self.as_dict(), "code_version": code_version}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    @property
+    def grows(self) -> bool:
+        """Whether this run grows at all."""
+        return self.method not in FIXED_METHODS
+
+
+def config_fields() -> list[str]:
+    """Names of :class:`TrainConfig`'s fields, in order."""
+    return [f.name for f in fields(TrainConfig)]
+
+
+# ------------------------------------------------------------------------------ growth
+def _capture(model, ds, step: int, n: int, b: int, device: str) -> tuple[list, object]:
+    """Forward/backward ``n`` train batches with capture: per batch ``(X, Xa, {head: G}, mask)``; last ``rest``."""
+    block = model.block
+    caps = []
+    rest = None
+    for i in range(n):
+        inputs, targets = (t.to(device) for t in ds.batch(b, "train", 10_000_000 + step * n + i))
+        model.zero_grad(set_to_none=True)
+        with block.capture():
+            model.loss(inputs, targets).backward()
+        first = block.captured(0)
+        caps.append((first.Xa, {h: block.captured(h).G for h in range(block.n_heads)}, first.mask))
+        rest = model.rest(targets)
+    model.zero_grad(set_to_none=True)
+    return caps, rest
+
+
+def head_statistics(strategy, caps: list, head: int):
+    """``strategy``'s statistics of ``head`` over every captured batch."""
+    stats = strategy.new_statistics()
+    for Xa, Gs, mask in caps:
+        stats.update(Xa, Gs[head], mask)
+    return stats
+
+
+def split_budget(strategy, stats: dict[int, object], room: dict[int, int], p: int) -> dict[int, int]:
+    """Give ``p`` columns to heads, each to the largest next singular value of a whitened direction.
+
+    With ``W = E[A]^{1/2}``, a head's first-order decrease per unit score change from ``q``
+    new columns is about ``sqrt(Σ_{j≤q} σ_j²)`` where ``σ`` are the singular values of
+    ``W P W`` (Eckart–Young in the metric of MATH §4), so column ``j`` of head ``h`` is
+    worth ``σ_{h,j}²``: the greedy choice of the ``p`` largest over heads is optimal for
+    that model. A head gets at most ``room[h]`` columns.
+    """
+    values = []
+    for h, st in stats.items():
+        if room[h] <= 0:
+            continue
+        P = strategy.direction(st).double()
+        evals, evecs = torch.linalg.eigh(st.mean_A.double())
+        W = (evecs * evals.clamp_min(0).sqrt()) @ evecs.mT
+        s = torch.linalg.svdvals(W @ P @ W)
+        values += [(float(s[j]), h) for j in range(min(room[h], s.numel()))]
+    values.sort(key=lambda t: -t[0])
+    out = {h: 0 for h in stats}
+    for _, h in values[:p]:
+        out[h] += 1
+    return out
+
+
+def grow_heads(model, strategy, opt, caps: list, rest, p_per_head: dict[int, int], policy: str,
+               stats: dict | None = None) -> list[dict]:
+    """Grow each head by ``p_per_head[h]`` and move the optimiser onto the new parameters.
+
+    Heads are grown one after another; each line search sees the heads grown before it
+    (its ``loss_of_scores`` is built after their installation). ``stats`` may hold heads'
+    statistics already computed from ``caps``. Returns one record per grown head.
+    """
+    block = model.block
+    events = []
+    for h, p in p_per_head.items():
+        if p <= 0:
+            continue
+        st = (stats or {}).get(h) or head_statistics(strategy, caps, h)
+        Xa, Gs, mask = caps[-1]
+        W_Q, W_K = block.factors(h)
+        scale, new_scale = block.scale(h), block.new_scale(h, p)
+        r = strategy.grow(W_Q, W_K, Xa, Gs[h], p=p, loss_of_scores=block.loss_of_scores(rest, h), scale=scale,
+                          new_scale=new_scale, mask=mask, stats=st)
+        alpha = math.sqrt(scale / new_scale)
+        W_Q2, W_K2 = r.W_Q, r.W_K
+        if isinstance(strategy, strategies.GrowthStrategy) and policy == "pad":
+            W_Q2, W_K2 = align_to_old(W_Q2, W_K2, W_Q, W_K, alpha)
+        head = block.heads[h]
+        old_Q, old_K = head.W_Q, head.W_K
+        block.install(h, W_Q2, W_K2)
+        replace_parameter(opt, old_Q, head.W_Q, policy, alpha)
+        replace_parameter(opt, old_K, head.W_K, policy, alpha)
+        events.append({"head": h, "p": p, "d_k": block.d_k(h), "lam": r.lam, "loss_before": r.loss_before,
+                       "loss_after": r.loss_after, "first_order_decrease": r.first_order_decrease,
+                       "n_loss_evals": r.n_loss_evals, "fallback": "; ".join(r.fallback)})
+    return events
+
+
+def starved(model, caps: list, head: int) -> float:
+    """Optimality (MATH §7) of the factors' own gradient step for ``head`` on the last captured batch.
+
+    ``dZ = −c (g_Q W_Kᵀ + W_Q g_Kᵀ)`` is the change of ``Z`` a gradient step on ``W_Q, W_K``
+    makes to first order, with ``g = ∂L/∂W = c Σ_b X_bᵀ G_b X_b W`` from the captured ``G``.
+    Low optimality means the reachable functional gradient is mostly out of the factors' reach.
+    """
+    block = model.block
+    Xa, Gs, mask = caps[-1]
+    W_Q, W_K = block.factors(head)
+    c = block.scale(head)
+    M = strategies.Statistics().update(Xa, Gs[head], mask).sum_M
+    g_Q, g_K = c * M @ W_K, c * M.mT @ W_Q
+    dZ = -c * (g_Q @ W_K.mT + W_Q @ g_K.mT)
+    return metrics.quality(Gs[head], Xa, dZ, mask)["optimality"]
+
+
+# ------------------------------------------------------------------------------ one run
+def _heldout(model, batches) -> float:
+    with torch.no_grad():
+        return float(sum(float(model.loss(x, y)) for x, y in batches) / len(batches))
+
+
+def _step_flops(model, inputs, targets) -> float:
+    """FLOPs of one training step's forward and backward at the current architecture (Adam's
+    element-wise update is not a matrix product and is not counted)."""
+    with FlopCounterMode(display=False) as fc:
+        model.zero_grad(set_to_none=True)
+        model.loss(inputs, targets).backward()
+    model.zero_grad(set_to_none=True)
+    return float(fc.get_total_flops())
+
+
+def train_run(cfg: TrainConfig, progress=None) -> dict:
+    """Train one configuration; return the run's summary and its curve.
+
+    Returns
+    -------
+    dict
+        Summary columns (``final_heldout``, ``best_heldout``, ``wall_s``, ``train_flops``,
+        ``growth_flops``, ``total_flops``, ``n_growths``, ``final_d_k``, ``events``) and
+        ``curve``: a list of points ``{step, wall_s, flops, train_loss, heldout_loss, d_k}``.
+    """
+    from datasets import make_dataset
+
+    device = cfg.device
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda requested but torch.cuda.is_available() is False")
+    torch.manual_seed(cfg.seed)
+    dtype = getattr(torch, cfg.dtype)
+    ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
+    d_k_start = cfg.d_k_max if cfg.method == "fixed-large" else cfg.d_k0
+    model = ds.build_model(d_k_start, n_heads=cfg.n_heads, scale_policy=cfg.scale_policy, dtype=dtype,
+                           device=device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    strategy = strategies.make(cfg.method) if cfg.grows else None
+    heldout = [tuple(t.to(device) for t in ds.batch(cfg.b, "test", i)) for i in range(HELDOUT_BATCHES)]
+
+    flops_per_step: dict[tuple, float] = {}
+    wall = train_flops = growth_flops = growth_wall = 0.0
+    events: list[dict] = []
+    checks: list[dict] = []
+    curve = []
+    recent: list[float] = []
+
+    def arch() -> tuple:
+        return tuple(model.block.d_k(h) for h in range(cfg.n_heads))
+
+    def point(step: int) -> None:
+        curve.append({"step": step, "wall_s": wall, "flops": train_flops + growth_flops,
+                      "train_loss": sum(recent) / len(recent) if recent else math.nan,
+                      "heldout_loss": _heldout(model, heldout), "d_k": list(arch())})
+        recent.clear()
+
+    point(0)
+    for step in range(1, cfg.steps + 1):
+        if cfg.grows and step > 1 and (step - 1) % cfg.grow_every == 0 and min(arch()) < cfg.d_k_max:
+            synchronize(device)
+            t0 = time.perf_counter()
+            with FlopCounterMode(display=False) as fc:
+                ev = _growth_event(model, ds, strategy, opt, cfg, step, checks)
+            synchronize(device)
+            dt = time.perf_counter() - t0
+            growth_wall += dt
+            wall += dt
+            growth_flops += float(fc.get_total_flops())
+            for e in ev:
+                e["step"] = step
+            events += ev
+        inputs, targets = (t.to(device) for t in ds.batch(cfg.b, "train", step))
+        if arch() not in flops_per_step:
+            flops_per_step[arch()] = _step_flops(model, inputs, targets)
+        synchronize(device)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(inputs, targets)
+        loss.backward()
+        opt.step()
+        synchronize(device)
+        wall += time.perf_counter() - t0
+        train_flops += flops_per_step[arch()]
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(f"training loss became {value} at step {step} (d_k={list(arch())})")
+        recent.append(value)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            point(step)
+        if progress is not None:
+            progress(step)
+    heldouts = [c["heldout_loss"] for c in curve]
+    return {
+        "final_heldout": heldouts[-1],
+        "best_heldout": min(heldouts),
+        "final_train": curve[-1]["train_loss"],
+        "wall_s": wall,
+        "growth_wall_s": growth_wall,
+        "train_flops": train_flops,
+        "growth_flops": growth_flops,
+        "total_flops": train_flops + growth_flops,
+        "n_growths": len({e["step"] for e in events}),
+        "final_d_k": list(arch()),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "events": events,
+        "checks": checks,
+        "curve": curve,
+    }
+
+
+def _growth_event(model, ds, strategy, opt, cfg: TrainConfig, step: int, checks: list) -> list[dict]:
+    """Capture, decide (bottleneck trigger), allocate the budget and grow; return the growth records."""
+    caps, rest = _capture(model, ds, step, cfg.stats_batches, cfg.b, cfg.device)
+    block = model.block
+    room = {h: cfg.d_k_max - block.d_k(h) for h in range(cfg.n_heads)}
+    if cfg.trigger == "bottleneck":
+        opt_h = {h: starved(model, caps, h) for h in range(cfg.n_heads) if room[h] > 0}
+        checks.append({"step": step, "optimality": opt_h})
+        room = {h: (r if opt_h.get(h, 1.0) < cfg.threshold else 0) for h, r in room.items()}
+    if not isinstance(strategy, strategies.GrowthStrategy):
+        # Baselines draw random columns: a fresh, seeded draw per growth.
+        strategy = strategies.make(cfg.method, baseline={"seed": cfg.seed * 100_003 + step})
+    stats = None
+    if cfg.head_split == "budget":
+        stats = {h: head_statistics(strategy, caps, h) for h in range(cfg.n_heads) if room[h] > 0}
+        p_per_head = split_budget(strategy, stats, room, cfg.p)
+    else:
+        p_per_head = {h: min(cfg.p, r) for h, r in room.items()}
+    return grow_heads(model, strategy, opt, caps, rest, p_per_head, cfg.opt_state, stats)

@@ -1,0 +1,156 @@
+"""Training sweeps (``growbench train``): presets, resume, one failure recorded and the rest go on.
+
+Each run is measured in a worker (in-process or a joblib process) and written by this
+process only, with its curve, in one transaction (:mod:`harness.train_db`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .env import code_version, environment, now
+from .train import TrainConfig, train_run
+from .train_db import TrainDB
+
+BASELINES = ["default", "random", "zero", "gradmax", "fixed-small", "fixed-large"]
+
+
+def _grid(methods: list[str], datasets: list[str], seeds: list[int], **kw) -> list[TrainConfig]:
+    return [TrainConfig(method=m, dataset=d, seed=s, **kw) for d, s, m in itertools.product(datasets, seeds, methods)]
+
+
+def train_presets() -> dict[str, list[TrainConfig]]:
+    """Named training sweeps.
+
+    ``smoke`` (seconds): the six methods on teacher and text, tiny sizes, one seed.
+    ``quick`` (minutes on 2 CPU cores): teacher (teacher ``d_k`` = 16) and text, student
+    from ``d_k`` = 2 to 16 by 2 every 100 steps; the six methods, the three scale
+    policies, the two optimiser-state policies, the bottleneck trigger and a two-head
+    block (each head grown, or the budget split), two seeds.
+    ``full``: the quick design at ``d_e = 64``, longer, three seeds.
+    """
+    smoke = dict(d_s=16, d_e=16, b=32, d_k0=2, d_k_max=8, p=2, grow_every=40, steps=200, eval_every=20)
+    quick = dict(d_s=32, d_e=32, b=64, d_k0=2, d_k_max=16, p=2, grow_every=100, steps=1200, eval_every=50)
+    full = dict(d_s=64, d_e=64, b=128, d_k0=2, d_k_max=16, p=2, grow_every=200, steps=3000, eval_every=100)
+
+    def design(sizes: dict, seeds: list[int]) -> list[TrainConfig]:
+        data = ["teacher", "text"]
+        h2 = {**sizes, "d_k_max": sizes["d_k_max"] // 2, "n_heads": 2}
+        return [
+            *_grid(BASELINES, data, seeds, **sizes),
+            *_grid(["default"], data, seeds, **sizes, scale_policy="fixed"),
+            *_grid(["default"], data, seeds, **sizes, scale_policy="learnable"),
+            *_grid(["fixed-large"], data, seeds, **sizes, scale_policy="fixed"),
+            *_grid(["fixed-large"], data, seeds, **sizes, scale_policy="learnable"),
+            *_grid(["default"], data, seeds, **sizes, opt_state="reset"),
+            *_grid(["default"], data, seeds, **{**sizes, "grow_every": sizes["grow_every"] // 2},
+                   trigger="bottleneck"),
+            *_grid(["default", "fixed-large", "fixed-small"], data, seeds, **h2),
+            *_grid(["default"], data, seeds, **{**h2, "p": 2 * sizes["p"]}, head_split="budget"),
+        ]
+
+    return {"smoke": _grid(BASELINES, ["teacher", "text"], [0], **smoke),
+            "quick": design(quick, [0, 1]),
+            "full": design(full, [0, 1, 2])}
+
+
+def run_train_one(config: dict, threads: int | None = None) -> dict:
+    """One training run in a worker; never raises: a failure becomes a ``failed`` row."""
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = TrainConfig(**config)
+    env = environment(cfg.device)
+    row = {**cfg.as_dict(), **env, "key": cfg.key(env["code_version"]), "started_at": now()}
+    try:
+        row.update(train_run(cfg))
+        row["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - any failure of one configuration is recorded, the sweep goes on
+        row["status"] = "failed"
+        row["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-4))
+    row["finished_at"] = now()
+    return row
+
+
+def _results(configs: list[TrainConfig], jobs: int) -> Iterator[dict]:
+    todo = [c.as_dict() for c in configs]
+    if jobs == 1:
+        for c in todo:
+            yield run_train_one(c)
+        return
+    from joblib import Parallel, delayed
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(
+        delayed(run_train_one)(c, threads) for c in todo)
+
+
+def run_train_sweep(configs: list[TrainConfig], db_path: str, *, jobs: int = 1, resume: bool = True,
+                    retry_failed: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Run every configuration not already stored (with ``resume``); return this sweep's run rows."""
+    cuda_ok = torch.cuda.is_available()
+    skipped = [c for c in configs if torch.device(c.device).type == "cuda" and not cuda_ok]
+    if skipped:
+        print(f"skipping {len(skipped)} cuda runs: torch.cuda.is_available() is False", file=sys.stderr)
+    configs = [c for c in configs if c not in skipped]
+    version = code_version()
+    with TrainDB(db_path) as db:
+        done = (db.keys("ok") if retry_failed else db.keys()) if resume else set()
+        todo = [c for c in configs if c.key(version) not in done]
+        if len(todo) < len(configs):
+            print(f"resuming: {len(configs) - len(todo)} of {len(configs)} training runs already stored",
+                  file=sys.stderr)
+        bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
+        failed = 0
+        try:
+            for row in _results(todo, jobs):
+                db.write(row)
+                failed += row["status"] != "ok"
+                bar.set_postfix(failed=failed, refresh=False)
+                bar.update()
+        finally:
+            bar.close()
+        keys = {c.key(version) for c in configs}
+        runs = db.runs()
+    return runs[runs.key.isin(keys)].reset_index(drop=True)
+
+
+def train_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Medians over seeds per dataset and variant: final held-out loss, wall time, FLOPs, failures."""
+    if runs.empty:
+        return runs
+    runs = runs.copy()
+    runs["variant"] = variant_names(runs)
+    ok = runs[runs.status == "ok"]
+    g = ok.groupby(["dataset", "variant"], sort=True)
+    out = g[["final_heldout", "best_heldout", "wall_s", "total_flops", "growth_flops"]].median()
+    out["seeds"] = g.size()
+    every = runs.groupby(["dataset", "variant"], sort=True).size().index
+    out = out.reindex(every)
+    out["failed"] = runs[runs.status != "ok"].groupby(["dataset", "variant"]).size().reindex(every).fillna(0)
+    out["failed"] = out["failed"].astype(int)
+    return out.reset_index()
+
+
+def variant_names(runs: pd.DataFrame) -> pd.Series:
+    """A readable name per run: the method plus every setting that differs from the quick design's."""
+    defaults = {"n_heads": 1, "head_split": "each", "trigger": "schedule", "scale_policy": "rescale",
+                "opt_state": "pad"}
+
+    def name(r) -> str:
+        parts = [r["method"]]
+        if r.get("n_heads", 1) != 1:
+            parts.append(f"h={int(r['n_heads'])}")
+        for k in ("head_split", "trigger", "scale_policy", "opt_state"):
+            if k in r and r[k] != defaults[k]:
+                parts.append(str(r[k]))
+        return " ".join(parts)
+
+    return runs.apply(name, axis=1)
