@@ -122,6 +122,8 @@ class TrainConfig:
             raise ValueError(f"need 1 <= d_k0 <= d_k_max, got d_k0={self.d_k0}, d_k_max={self.d_k_max}")
         if self.d_k_max > self.d_e:
             raise ValueError(f"d_k_max={self.d_k_max} > d_e={self.d_e}: Z = c W_Q W_Kᵀ has rank at most d_e")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if min(self.p, self.grow_every, self.steps, self.eval_every, self.stats_batches, self.n_heads) < 1:
             raise ValueError("p, grow_every, steps, eval_every, stats_batches and n_heads must be >= 1")
 
@@ -230,19 +232,31 @@ def grow_heads(model, strategy, opt, caps: list, rest, p_per_head: dict[int, int
     return events
 
 
-def starved(model, caps: list, head: int) -> float:
-    """Optimality (MATH §7) of the factors' own gradient step for ``head`` on the last captured batch.
+def factor_gradients(model, caps: list, head: int):
+    """``(∂L/∂W_Q, ∂L/∂W_K)`` of ``head`` on the last captured batch, from its statistics.
 
-    ``dZ = −c (g_Q W_Kᵀ + W_Q g_Kᵀ)`` is the change of ``Z`` a gradient step on ``W_Q, W_K``
-    makes to first order, with ``g = ∂L/∂W = c Σ_b X_bᵀ G_b X_b W`` from the captured ``G``.
-    Low optimality means the reachable functional gradient is mostly out of the factors' reach.
+    ``S_b = c X_b W_Q W_Kᵀ X_bᵀ`` gives ``∂L/∂W_Q = c M W_K`` and ``∂L/∂W_K = c Mᵀ W_Q``
+    with ``M = Σ_b X_bᵀ G_b X_b``.
     """
     block = model.block
     Xa, Gs, mask = caps[-1]
     W_Q, W_K = block.factors(head)
     c = block.scale(head)
     M = strategies.Statistics().update(Xa, Gs[head], mask).sum_M
-    g_Q, g_K = c * M @ W_K, c * M.mT @ W_Q
+    return c * M @ W_K, c * M.mT @ W_Q
+
+
+def starved(model, caps: list, head: int) -> float:
+    """Optimality (MATH §7) of the factors' own gradient step for ``head`` on the last captured batch.
+
+    ``dZ = −c (g_Q W_Kᵀ + W_Q g_Kᵀ)`` is the change of ``Z`` a gradient step on ``W_Q, W_K``
+    makes to first order (:func:`factor_gradients`). Low optimality means the reachable
+    functional gradient is mostly out of the factors' reach: the layer is starved.
+    """
+    Xa, Gs, mask = caps[-1]
+    W_Q, W_K = model.block.factors(head)
+    c = model.block.scale(head)
+    g_Q, g_K = factor_gradients(model, caps, head)
     dZ = -c * (g_Q @ W_K.mT + W_Q @ g_K.mT)
     return metrics.quality(Gs[head], Xa, dZ, mask)["optimality"]
 
