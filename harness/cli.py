@@ -36,8 +36,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     sweeps = {name: [{k: v for k, v in g.items() if k != "strategies"} | {"n_strategies": len(g["strategies"])}
                      for g in grids] for name, grids in sweep_presets().items()}
+    from .train_sweep import train_presets
+
     data = {"presets": strategies.presets(), "strategies": strategies.specs(), "datasets": _datasets(),
-            "sweep_presets": sweeps}
+            "sweep_presets": sweeps,
+            "train_presets": {name: [c.as_dict() for c in cs] for name, cs in train_presets().items()}}
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
@@ -52,6 +55,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for name, grids in sweeps.items():
         n = sum(1 for _ in _iter_configs(name))
         print(f"  {name:6s} {n} runs in {len(grids)} grid(s)")
+    print("training presets (growbench train):")
+    for name, configs in data["train_presets"].items():
+        print(f"  {name:6s} {len(configs)} runs")
     return 0
 
 

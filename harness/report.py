@@ -7,7 +7,13 @@ Writes, under ``out``:
 - ``report.md``: the same text, linking ``figures/*.png``;
 - ``figures/<name>.png`` (and ``.svg`` unless ``svg=False``);
 - ``summary.csv``: one line per dataset × device × strategy (``harness.sweep.summary``);
-- ``recommendation.json``: the default-strategy recommendation (``harness.recommend``).
+- ``recommendation.json``: the default-strategy recommendation (``harness.recommend``);
+- ``training_summary.csv``: when the database holds ``growbench train`` runs, one line per
+  dataset × training variant (``harness.train_report.training_table``), and the section
+  "Growth during training" in both reports.
+
+A database with training runs but no successful growth-sweep run gets a report of the
+training section alone.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ import sys
 import traceback
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from . import figures as F
 from .recommend import (
+    NoResults,
     Recommendation,
     is_growth,
     label,
@@ -35,6 +43,9 @@ from .recommend import (
     preset_names,
     recommend,
 )
+
+if TYPE_CHECKING:
+    from .train_report import TrainingSection
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1280px;margin:2em auto;padding:0 1em;
@@ -191,21 +202,90 @@ def _png_bytes(fig) -> bytes:
     return buf.getvalue()
 
 
+def _write_figures(results: list, figdir: Path, svg: bool) -> list[Path]:
+    """Write each drawn figure as PNG (kept in ``r.png`` for the HTML) and SVG; close it."""
+    import matplotlib.pyplot as plt
+
+    written = []
+    for r in results:
+        if r.fig is None:
+            continue
+        png = _png_bytes(r.fig)
+        (figdir / f"{r.name}.png").write_bytes(png)
+        written.append(figdir / f"{r.name}.png")
+        r.png = png
+        if svg:
+            r.fig.savefig(figdir / f"{r.name}.svg", format="svg")
+            written.append(figdir / f"{r.name}.svg")
+        plt.close(r.fig)
+    return written
+
+
+def _remove_stale(out: Path, figdir: Path, written: list[Path]) -> None:
+    """Remove what an earlier report in ``out`` wrote and this one does not: it would be stale."""
+    drawn = {p.name for p in written}
+    for old in list(figdir.glob("*.png")) + list(figdir.glob("*.svg")):
+        if old.name not in drawn:
+            old.unlink()
+    for name in ("summary.csv", "recommendation.json", "training_summary.csv"):
+        if (out / name) not in written and (out / name).is_file():
+            (out / name).unlink()
+
+
+def _training(db, out: Path) -> tuple[TrainingSection | None, list[Path], str | None]:
+    """The training section of ``db`` (None without a successful training run), its CSV, and the
+    ``growbench train`` command that regenerates the runs when they are exactly a preset's."""
+    from . import train_report as T
+
+    runs, curves = T.load_training(db)
+    if not T.has_training(runs):
+        return None, [], None
+    section = T.build_training(runs, curves)
+    section.table.to_csv(out / "training_summary.csv", index=False)
+    preset = T.infer_train_preset(runs)
+    command = (f"growbench train --preset {preset} --db {shlex.quote(str(db))}   # the training runs: exactly "
+               f"the '{preset}' training preset's") if preset else None
+    return section, [out / "training_summary.csv"], command
+
+
 def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = True, command: str | None = None,
                  device: str | None = None) -> dict:
     """Write the report of ``db`` under ``out``; return ``{"files": [...], "figures": [...], "notes": [...]}``.
 
-    Raises :class:`harness.recommend.NoResults` (a ``ValueError``) when the database is missing,
-    empty or holds no successful run.
-    """
-    import matplotlib.pyplot as plt
+    When ``db`` holds ``growbench train`` runs, the report gains the section "Growth during
+    training" and ``training_summary.csv``; when it holds training runs but no successful
+    growth-sweep run, the report has that section only.
 
-    frame = load_frame(db)
+    Raises :class:`harness.recommend.NoResults` (a ``ValueError``) when the database is missing,
+    empty or holds no successful run (of the growth sweep, nor of training).
+    """
     out = Path(out)
+    try:
+        frame = load_frame(db)
+        sweep_error = None
+    except NoResults as e:
+        from . import train_report as T
+
+        if not T.has_training(T.load_training(db)[0]):
+            raise
+        frame, sweep_error = None, str(e)
     figdir = out / "figures"
     figdir.mkdir(parents=True, exist_ok=True)
     command = command or f"growbench report --db {shlex.quote(str(db))} --out {shlex.quote(str(out))}"
+    if frame is None:
+        training, written, train_command = _training(db, out)
+        return _training_only_report(db, out, figdir, svg, command, train_command, training, written, sweep_error)
+    train_note = None
+    try:
+        training, written, train_command = _training(db, out)
+    except Exception as e:  # noqa: BLE001 - the training section's failure must not lose the sweep's report
+        print(f"growbench report: training section failed: {type(e).__name__}: {e}", file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
+        training, written, train_command = None, [], None
+        train_note = f"training: the section could not be built: {type(e).__name__}: {e}"
     preset = infer_sweep(frame)
+    if train_command:
+        command = f"{train_command}\n{command}"
     if preset:
         command = (f"growbench run --preset {preset} --db {shlex.quote(str(db))}   # the database: "
                    f"its runs are exactly the '{preset}' sweep's\n{command}")
@@ -217,7 +297,7 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
         rec = None
         rec_error = str(e)
 
-    results, written = [], []
+    results = []
     makers = [lambda f: F.pareto(f, rec.spec if rec else None, bool(rec and rec.fallback)), F.ablation,
               F.breakdown, F.scaling, F.formula_convergence, F.loss_along_lambda, F.devices]
     for make in makers:
@@ -229,21 +309,10 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
             traceback.print_exc(file=sys.stderr)
             r = F.FigureResult(name, f"figure {name}", note=f"This figure could not be drawn: "
                                                             f"{type(e).__name__}: {e}")
-        if r.fig is not None:
-            png = _png_bytes(r.fig)
-            (figdir / f"{r.name}.png").write_bytes(png)
-            written.append(figdir / f"{r.name}.png")
-            r.png = png
-            if svg:
-                r.fig.savefig(figdir / f"{r.name}.svg", format="svg")
-                written.append(figdir / f"{r.name}.svg")
-            plt.close(r.fig)
+        written += _write_figures([r], figdir, svg)  # one at a time: each figure is closed once written
         results.append(r)
-    # Figures of an earlier report that this one no longer draws would be stale: remove them.
-    drawn = {p.name for p in written}
-    for old in list(figdir.glob("*.png")) + list(figdir.glob("*.svg")):
-        if old.name not in drawn:
-            old.unlink()
+    train_figs = training.figures if training else []
+    written += _write_figures(train_figs, figdir, svg)
 
     summary = summary_table(frame)
     summary.to_csv(out / "summary.csv", index=False)
@@ -254,16 +323,39 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
         rec_json["reference_configurations"] = rec.cells
     (out / "recommendation.json").write_text(json.dumps(rec_json, indent=2) + "\n")
     written.append(out / "recommendation.json")
+    _remove_stale(out, figdir, written)
 
     facts = database_facts(frame, str(db))
     facts["timing noise"] = timing_reliability(frame)
+    if training:
+        facts["training runs"] = (f"{training.facts['training runs']} ({training.facts['ok']} ok, "
+                                  f"{training.facts['failed']} failed): see Growth during training")
     fails = failed_runs(frame)
     generated = datetime.now(UTC).isoformat(timespec="seconds")
-    (out / "report.html").write_text(_html(results, rec, rec_json, facts, summary, fails, command, generated))
-    (out / "report.md").write_text(_markdown(results, rec, rec_json, facts, summary, fails, command, generated))
+    (out / "report.html").write_text(_html(results, rec, rec_json, facts, summary, fails, command, generated,
+                                           training))
+    (out / "report.md").write_text(_markdown(results, rec, rec_json, facts, summary, fails, command, generated,
+                                             training))
     written += [out / "report.html", out / "report.md"]
-    return {"files": [str(p) for p in written], "figures": [r.name for r in results if r.fig is not None],
-            "notes": [f"{r.name}: {r.note}" for r in results if r.fig is None]}
+    shown = results + train_figs
+    return {"files": [str(p) for p in written], "figures": [r.name for r in shown if r.fig is not None],
+            "notes": [f"{r.name}: {r.note}" for r in shown if r.fig is None] + ([train_note] if train_note else [])}
+
+
+def _training_only_report(db, out: Path, figdir: Path, svg: bool, command: str, train_command: str | None,
+                          training: TrainingSection, written: list[Path], sweep_error: str) -> dict:
+    """The report of a database with training runs and no successful growth-sweep run."""
+    if train_command:
+        command = f"{train_command}\n{command}"
+    written += _write_figures(training.figures, figdir, svg)
+    _remove_stale(out, figdir, written)
+    generated = datetime.now(UTC).isoformat(timespec="seconds")
+    note = f"No growth-sweep section: {sweep_error}."
+    (out / "report.html").write_text(_html_training_only(training, str(db), command, generated, note))
+    (out / "report.md").write_text(_markdown_training_only(training, str(db), command, generated, note))
+    written += [out / "report.html", out / "report.md"]
+    return {"files": [str(p) for p in written], "figures": [r.name for r in training.figures if r.fig is not None],
+            "notes": [f"{r.name}: {r.note}" for r in training.figures if r.fig is None]}
 
 
 # ------------------------------------------------------------------ rendering
@@ -283,7 +375,29 @@ def _rec_tables(rec: Recommendation) -> tuple[pd.DataFrame, pd.DataFrame]:
     return ev, ru
 
 
-def _html(results, rec, rec_json, facts, summary, fails, command, generated) -> str:
+def _html_training_only(training, db: str, command: str, generated: str, note: str) -> str:
+    from .train_report import section_html
+
+    h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+         '<meta name="viewport" content="width=device-width, initial-scale=1">',
+         "<title>growbench report</title>", f"<style>{CSS}</style></head><body>",
+         "<h1>growbench report</h1>",
+         f"<p>Regenerate with:</p><pre>{_esc(command)}</pre><p>Generated {_esc(generated)} from "
+         f"<code>{_esc(db)}</code>.</p>", f'<p class="note">{_esc(note)}</p>', section_html(training),
+         "</body></html>"]
+    return "\n".join(h) + "\n"
+
+
+def _markdown_training_only(training, db: str, command: str, generated: str, note: str) -> str:
+    from .train_report import section_markdown
+
+    m = ["# growbench report", "", "Regenerate with:", "", "```bash", command, "```", "",
+         f"Generated {generated} from `{db.replace('`', '')}`. The same report as one self-contained page: "
+         "[report.html](report.html).", "", f"> {_md_esc(note)}", "", section_markdown(training)]
+    return "\n".join(m) + "\n"
+
+
+def _html(results, rec, rec_json, facts, summary, fails, command, generated, training=None) -> str:
     names = preset_names()
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
          '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -297,6 +411,9 @@ def _html(results, rec, rec_json, facts, summary, fails, command, generated) -> 
     if facts["failed"]:
         h.append(f'<p class="note">{facts["failed"]} of {facts["runs"]} runs failed: see '
                  '<a href="#failed">failed runs</a>.</p>')
+    if training is not None:
+        h.append('<p>The database also holds training runs: see <a href="#training">Growth during '
+                 'training</a>.</p>')
 
     h.append("<h2>Recommended default strategy</h2>")
     if rec is None or rec.spec is None:
@@ -334,11 +451,15 @@ def _html(results, rec, rec_json, facts, summary, fails, command, generated) -> 
           + "</div>"]
     h += ['<h2 id="failed">Failed runs</h2>',
           _html_table(fails, wide_text=("error",)) if len(fails) else "<p>None: every run succeeded.</p>"]
+    if training is not None:
+        from .train_report import section_html
+
+        h.append(section_html(training))
     h.append("</body></html>")
     return "\n".join(h) + "\n"
 
 
-def _markdown(results, rec, rec_json, facts, summary, fails, command, generated) -> str:
+def _markdown(results, rec, rec_json, facts, summary, fails, command, generated, training=None) -> str:
     names = preset_names()
     m = ["# growbench ablation report", "", "Regenerate with:", "", "```bash", command, "```", "",
          f"Generated {generated}. The same report as one self-contained page: [report.html](report.html).", "",
@@ -346,6 +467,8 @@ def _markdown(results, rec, rec_json, facts, summary, fails, command, generated)
          "## Database", "", _md_table(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]}))]
     if facts["failed"]:
         m.append(f"**{facts['failed']} of {facts['runs']} runs failed**: see [failed runs](#failed-runs).\n")
+    if training is not None:
+        m.append("The database also holds training runs: see [Growth during training](#growth-during-training).\n")
     m += ["## Recommended default strategy", ""]
     if rec is None or rec.spec is None:
         why = rec_json.get("error") or "no growth strategy is eligible (never failed and ran on every dataset)"
@@ -372,4 +495,8 @@ def _markdown(results, rec, rec_json, facts, summary, fails, command, generated)
     m += ["## Summary: medians per dataset, device and strategy", "",
           "Also in [summary.csv](summary.csv). Times in ms.", "", _md_table(summary), "## Failed runs", "",
           _md_table(fails) if len(fails) else "None: every run succeeded.\n"]
+    if training is not None:
+        from .train_report import section_markdown
+
+        m += ["", section_markdown(training)]
     return "\n".join(m)

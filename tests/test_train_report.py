@@ -1,0 +1,332 @@
+"""The report's training section: medians, verdicts, figures, HTML/Markdown, training-only databases."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import train_report as T
+from harness.cli import main as cli_main
+from harness.db import ResultsDB
+from harness.report import build_report
+from harness.train import TrainConfig
+from harness.train_db import TrainDB
+
+HOSTILE = "<script>alert('t')</script>"
+STEPS, EVERY, GROW = 40, 10, 10
+SIZES = dict(d_s=8, d_e=8, b=8, d_k0=2, d_k_max=8, p=2, grow_every=GROW, steps=STEPS, eval_every=EVERY)
+
+# Final held-out loss and total FLOPs per (dataset, variant): one value per seed 0, 1, 2.
+# teacher: default within 5% of fixed-large with fewer FLOPs, and below every baseline.
+# text: default within 5% of fixed-large but with more FLOPs; gradmax beats default.
+# digits: default 20% above fixed-large (with fewer FLOPs); default beats the baselines.
+FINALS = {
+    ("teacher", "default"): [1.00, 0.90, 1.30], ("teacher", "fixed-large"): [1.00, 0.98, 1.10],
+    ("teacher", "random"): [1.50, 1.40, 1.60], ("teacher", "zero"): [1.20, 1.60, 1.50],
+    ("teacher", "gradmax"): [1.10, 1.05, 1.20], ("teacher", "fixed-small"): [2.0, 2.1, 2.2],
+    ("text", "default"): [2.04, 2.00, 2.06], ("text", "fixed-large"): [2.00, 1.98, 2.01],
+    ("text", "random"): [2.50, 2.40, 2.60], ("text", "zero"): [2.50, 2.40, 2.60],
+    ("text", "gradmax"): [1.90, 1.95, 2.10],
+    ("digits", "default"): [1.20, 1.21, 1.19], ("digits", "fixed-large"): [1.00, 1.01, 0.99],
+    ("digits", "random"): [1.30, 1.30, 1.30], ("digits", "zero"): [1.30, 1.30, 1.30],
+    ("digits", "gradmax"): [1.25, 1.25, 1.25],
+}
+FLOPS = {("teacher", "default"): [90, 95, 100], ("teacher", "fixed-large"): [100, 100, 100],
+         ("text", "default"): [110, 120, 130], ("text", "fixed-large"): [100, 100, 100],
+         ("digits", "default"): [80, 80, 80], ("digits", "fixed-large"): [100, 100, 100]}
+GROWTH = {"default": [9, 10, 20], "random": [5, 5, 5], "zero": [5, 5, 5], "gradmax": [6, 6, 6]}
+VARIANTS = {"default fixed": dict(scale_policy="fixed"), "default reset": dict(opt_state="reset"),
+            "default h=2": dict(n_heads=2, d_k_max=4)}
+
+_n = 0
+
+
+def train_row(method: str, dataset: str, seed: int, final: float, flops: float, growth: float = 0.0, *,
+              status: str = "ok", error: str | None = None, finished: str = "2026-01-01T00:01:00", **kw) -> dict:
+    """One stored training run, its held-out curve falling linearly from 3.0 to ``final``."""
+    global _n
+    _n += 1
+    cfg = TrainConfig(method=method, dataset=dataset, seed=seed, **{**SIZES, **kw})
+    row = {**cfg.as_dict(), "key": f"{cfg.key('test')}-{_n}", "status": status, "error": error,
+           "torch_version": "2.13.0+cpu", "device_name": "cpu", "threads": 1, "git_commit": "abc",
+           "code_version": "test", "hostname": "h", "python": "3.11", "started_at": "2026-01-01T00:00:00",
+           "finished_at": finished}
+    if status != "ok":
+        return row
+    grows = cfg.grows and method != "fixed-large"
+    width = [cfg.d_k_max] * cfg.n_heads if method != "fixed-small" else [cfg.d_k0] * cfg.n_heads
+    events = [{"head": 0, "p": cfg.p, "d_k": cfg.d_k0 + cfg.p * (i + 1), "lam": 1.0, "loss_before": 2.0,
+               "loss_after": 1.9, "step": s + 1} for i, s in enumerate(range(GROW, STEPS, GROW))] if grows else []
+    curve = [{"step": s, "wall_s": 0.01 * s, "flops": flops * s / STEPS,
+              "train_loss": float("nan") if s == 0 else 3.0 + (final - 3.0) * s / STEPS,
+              "heldout_loss": 3.0 + (final - 3.0) * s / STEPS, "d_k": width} for s in range(0, STEPS + 1, EVERY)]
+    row.update(final_heldout=final, best_heldout=final, final_train=final, wall_s=0.01 * STEPS + seed,
+               growth_wall_s=0.0, train_flops=flops - growth, growth_flops=growth, total_flops=flops,
+               n_growths=len({e["step"] for e in events}), final_d_k=width, n_params=100, events=events, checks=[],
+               curve=curve)
+    return row
+
+
+def fixture_rows() -> list[dict]:
+    rows = []
+    for (ds, method), finals in FINALS.items():
+        for seed, final in enumerate(finals):
+            flops = FLOPS.get((ds, method), [100, 100, 100])[seed]
+            rows.append(train_row(method, ds, seed, final, flops, GROWTH.get(method, [0, 0, 0])[seed]))
+    for seed in range(3):
+        for variant, kw in VARIANTS.items():
+            rows.append(train_row("default", "teacher", seed, 1.0 + 0.1 * (seed + 1) * len(variant) / 10, 100,
+                                  10, **kw))
+    # A failure, with a hostile message; and an older copy of a run (same configuration, another code version).
+    rows.append(train_row("gradmax", "teacher", 3, 0, 0, status="failed", error=f"RuntimeError: boom {HOSTILE}\ntb"))
+    rows.append(train_row("default", "teacher", 0, 100.0, 1e9, 10, finished="2025-01-01T00:00:00"))
+    return rows
+
+
+def write_train_db(path: Path, rows: list[dict]) -> Path:
+    with TrainDB(path) as db:
+        for r in rows:
+            db.write(r)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fixture_db(tmp_path_factory) -> Path:
+    return write_train_db(tmp_path_factory.mktemp("train") / "t.sqlite", fixture_rows())
+
+
+@pytest.fixture(scope="module")
+def section(fixture_db):
+    runs, curves = T.load_training(fixture_db)
+    return T.build_training(runs, curves, figures=False)
+
+
+@pytest.fixture(scope="module")
+def report(fixture_db, tmp_path_factory):
+    out = tmp_path_factory.mktemp("train_out") / "rep"
+    assert cli_main(["report", "--db", str(fixture_db), "--out", str(out)]) == 0
+    return out
+
+
+def _cell(table: pd.DataFrame, ds: str, variant: str) -> pd.Series:
+    r = table[(table.dataset == ds) & (table.variant == variant)]
+    assert len(r) == 1, (ds, variant)
+    return r.iloc[0]
+
+
+# ------------------------------------------------------------------ table and verdict
+def test_table_medians_equal_hand_computed_medians(section):
+    t = section.table
+    for (ds, variant), finals in FINALS.items():
+        row = _cell(t, ds, variant)
+        assert row.final_heldout == pytest.approx(statistics.median(finals)), (ds, variant)
+        flops = FLOPS.get((ds, variant), [100, 100, 100])
+        assert row.total_flops == pytest.approx(statistics.median(flops))
+        shares = [g / f for g, f in zip(GROWTH.get(variant, [0, 0, 0]), flops, strict=True)]
+        assert row.growth_flops_share == pytest.approx(statistics.median(shares))
+        assert row.seeds == 3
+        assert row.wall_s == pytest.approx(0.01 * STEPS + 1)  # seeds 0, 1, 2 add 0, 1, 2 s
+    # The superseded copy (final 100) does not count; the failure is counted apart from the seeds.
+    assert _cell(t, "teacher", "default").final_heldout == pytest.approx(1.0)
+    assert section.facts["superseded runs"].startswith("1 ")
+    assert _cell(t, "teacher", "gradmax").failed == 1 and _cell(t, "text", "gradmax").failed == 0
+    assert _cell(t, "teacher", "fixed-large").final_vs_fixed_large == pytest.approx(1.0)
+    assert _cell(t, "digits", "default").final_vs_fixed_large == pytest.approx(1.2 / 1.0)
+    assert _cell(t, "teacher", "default h=2").final_d_k == "4, 4" and _cell(t, "teacher", "default").final_d_k == "8"
+    # Main methods first, in a fixed order; then the variants.
+    order = list(t[t.dataset == "teacher"].variant)
+    assert order[:6] == ["default", "random", "zero", "gradmax", "fixed-small", "fixed-large"]
+    assert set(order[6:]) == set(VARIANTS)
+    assert list(section.failed.error) == [f"RuntimeError: boom {HOSTILE}"]
+
+
+def test_verdicts_reflect_the_numbers(section):
+    v = {x.dataset: x for x in section.verdicts}
+    assert set(v) == {"teacher", "text", "digits"}
+    # teacher: 1.0 <= 1.05 * 1.0 with 95 < 100 FLOPs; 1.0 below 1.5, 1.5, 1.1.
+    t = v["teacher"]
+    assert t.matches_fixed_large is True and t.beats_baselines is True
+    assert "(a) met" in t.text and "final held-out loss 1 against fixed-large's 1 (×1.000" in t.text
+    assert "total FLOPs 95 against 100 (×0.950)" in t.text
+    assert "(b) met: default beats random, zero and gradmax at equal final size (d_k 8)" in t.text
+    assert "gradmax 1.1 (default lower on 2 of 3 seeds)" in t.text  # seed 3 of gradmax failed: 3 shared
+    assert T.NEGATIVE not in t.text
+    # text: within 5% (2.04 vs 2.0) but 120 > 100 FLOPs; gradmax (1.95) beats default.
+    x = v["text"]
+    assert x.matches_fixed_large is False and x.beats_baselines is False
+    assert "(a) NOT met: default growth comes within 5% of fixed-large's loss, but with more FLOPs" in x.text
+    assert "total FLOPs 120 against 100 (×1.200)" in x.text
+    assert "(b) NOT met: default does not beat gradmax" in x.text and T.NEGATIVE in x.text
+    # digits: 1.2 > 1.05 * 1.0, with fewer FLOPs; default beats every baseline.
+    d = v["digits"]
+    assert d.matches_fixed_large is False and d.beats_baselines is True
+    assert "does not come within 5% of fixed-large's loss (with fewer FLOPs)" in d.text
+    assert "(×1.200; target ≤ ×1.05)" in d.text and T.NEGATIVE in d.text
+    assert d.numbers["loss_ratio"] == pytest.approx(1.2)
+    assert "met on 1 of 3 datasets" in T.overall_text(section.verdicts)
+    # Variants enter the verdict as comparisons.
+    assert "Adam state: median final held-out pad 1, reset" in t.text
+    assert "Scale policy (default): median final held-out rescale 1, fixed" in t.text
+
+
+def test_verdict_without_the_runs_it_needs_says_so():
+    rows = [train_row("default", "teacher", s, 1.0, 100, 5) for s in range(2)]
+    rows.append(train_row("random", "teacher", 0, 1.5, 100, 5))
+    runs = T.prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
+                                    if k != "curve"} for r in rows]))
+    (v,) = T.verdicts(runs)
+    assert v.matches_fixed_large is None and "(a) not judged: no successful fixed-large run" in v.text
+    assert v.beats_baselines is None and "zero, gradmax did not run" in v.text
+
+
+def test_one_dataset_at_two_sizes_is_two_panels():
+    rows = [train_row("default", "teacher", 0, 1.0, 90, 5), train_row("fixed-large", "teacher", 0, 2.0, 100),
+            train_row("default", "teacher", 0, 3.0, 90, 5, d_e=16), train_row("fixed-large", "teacher", 0, 3.0, 100,
+                                                                             d_e=16)]
+    runs = T.prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
+                                    if k != "curve"} for r in rows]))
+    t = T.training_table(runs)
+    assert set(t.dataset) == {"teacher (d_e=8)", "teacher (d_e=16)"}  # medians never mix sizes
+    assert _cell(t, "teacher (d_e=8)", "default").final_vs_fixed_large == pytest.approx(0.5)
+    v = {x.dataset: x for x in T.verdicts(runs, t)}
+    assert v["teacher (d_e=8)"].matches_fixed_large is True and v["teacher (d_e=16)"].matches_fixed_large is True
+    assert "×1.000" in v["teacher (d_e=16)"].text
+
+
+def test_growth_steps_and_median_curves(section, fixture_db):
+    runs = section.runs
+    assert T.growth_steps(runs, "teacher") == [10, 20, 30]  # growths recorded at steps 11, 21, 31
+    _, curves = T.load_training(fixture_db)
+    med = T.median_curves(runs, curves)
+    c = med[(med.panel == "teacher") & (med.variant == "default")].set_index("step")
+    assert list(c.index) == [0, 10, 20, 30, 40] and (c.seeds == 3).all()
+    assert c.loc[40, "heldout"] == pytest.approx(1.0) and c.loc[40, "lo"] == pytest.approx(0.9)
+    assert c.loc[40, "flops"] == pytest.approx(95)
+
+
+# ------------------------------------------------------------------ the report
+class _Doc(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.imgs, self.links = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        if tag == "img":
+            self.imgs.append(a.get("src", ""))
+        elif a.get("href"):
+            self.links.append(a["href"])
+
+
+def test_training_only_report_via_the_cli(report, section):
+    for name in ("train_curves", "train_variants"):
+        for ext in ("png", "svg"):
+            f = report / "figures" / f"{name}.{ext}"
+            assert f.is_file() and f.stat().st_size > 1000, f
+    assert (report / "figures" / "train_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (report / "report.html").read_text()
+    md = (report / "report.md").read_text()
+    for text in (html, md):
+        assert "Growth during training" in text and "No growth-sweep section" in text
+        assert "(a) NOT met" in text and "A negative result honestly measured is a result." in text
+    doc = _Doc()
+    doc.feed(html)
+    assert len(doc.imgs) == 2 and all(s.startswith("data:image/png;base64,") for s in doc.imgs)
+    assert "script" not in doc.tags and all(h.startswith("#") for h in doc.links)
+    assert "<script>" not in html and "&lt;script&gt;alert(" in html
+    assert "<script>" not in md and "figures/train_curves.png" in md
+    # training_summary.csv is the table; no growth-sweep files.
+    csv = pd.read_csv(report / "training_summary.csv")
+    assert list(csv.columns) == T.TABLE_COLUMNS and len(csv) == len(section.table)
+    assert not (report / "summary.csv").exists() and not (report / "recommendation.json").exists()
+
+
+def test_captions_are_computed_from_the_data(report):
+    md = (report / "report.md").read_text()
+    curves = md.split("### Growth during training: held-out loss of each method")[1].split("###")[0]
+    variants = md.split("### Growth during training: variants")[1].split("###")[0]
+    assert "teacher (3 seeds): final held-out loss default 1, random 1.5, zero 1.5, gradmax 1.1" in curves
+    assert "default grew after steps 10, 20, 30" in curves and "d_k 2 → 8" in curves
+    assert "lowest: fixed-large" in curves  # digits
+    assert "Two heads: median final held-out default h=2" not in variants  # only one member: no group
+    assert "default h=2: final held-out 1.22" in variants  # alone in its group: listed on its own
+    assert "Adam state: median final held-out pad 1, reset 1.26; lowest: pad" in variants
+
+
+def _growth_row(strategy: str, seed: int) -> dict:
+    """A minimal successful growth-sweep row."""
+    return dict(key=f"g{strategy}{seed}", status="ok", strategy=strategy, dataset="teacher", d_s=8, d_e=8, b=8,
+                d_k=2, p=2, seed=seed, device="cpu", n_batches=2, repeats=1, warmup_steps=5, dtype="float32",
+                scale_policy="rescale", optimality=0.9, first_order_decrease=0.1, loss_before=1.0, loss_after=0.9,
+                loss_decrease=0.1, heldout_before=1.0, heldout_after=0.95, heldout_decrease=0.05, bottleneck=0.5,
+                lam=1.0, n_loss_evals=4, fallback="", t_statistics=0.001, t_direction=0.001, t_truncation=0.001,
+                t_line_search=0.001, t_total=0.005, t_floor=0.002, t_loss_eval=0.0005, peak_mem_bytes=1,
+                peak_mem_method="x", extra={}, torch_version="2.13.0+cpu", device_name="cpu", threads=1,
+                git_commit="abc", code_version="v1", hostname="h", python="3.11",
+                started_at="2026-01-01T00:00:00", finished_at="2026-01-01T00:00:01")
+
+
+def test_growth_sweep_report_gains_the_section(tmp_path):
+    db = tmp_path / "both.sqlite"
+    with ResultsDB(db) as g:
+        for seed in (0, 1):
+            g.write(_growth_row("default", seed))
+            g.write(_growth_row("formula1", seed))
+    write_train_db(db, [train_row(m, "teacher", s, 1.0 + 0.1 * i, 100, 5 if i < 4 else 0)
+                        for s in (0, 1) for i, m in enumerate(T.MAIN_METHODS)])
+    out = tmp_path / "out"
+    done = build_report(db, out, svg=False)
+    assert "train_curves" in done["figures"] and "pareto" in done["figures"]
+    assert any("train_variants" in n for n in done["notes"])  # no variants: a note, not a figure
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    for text in (html, md):
+        assert "Recommended default strategy" in text and "Growth during training" in text
+        assert "No growth-sweep section" not in text
+    assert 'href="#training"' in html and "(#growth-during-training)" in md
+    for f in ("summary.csv", "recommendation.json", "training_summary.csv", "figures/train_curves.png"):
+        assert (out / f).is_file(), f
+    # The same folder, reused for a database without training runs: the training files are stale, removed.
+    plain = tmp_path / "plain.sqlite"
+    with ResultsDB(plain) as g:
+        g.write(_growth_row("default", 0))
+    build_report(plain, out, svg=False)
+    assert not (out / "training_summary.csv").exists() and not (out / "figures" / "train_curves.png").exists()
+    assert "Growth during training" not in (out / "report.html").read_text()
+
+
+def test_databases_without_any_successful_run_still_exit_2(tmp_path, capsys):
+    failed = write_train_db(tmp_path / "f.sqlite", [train_row("default", "teacher", 0, 0, 0, status="failed",
+                                                              error="ValueError: bad")])
+    assert cli_main(["report", "--db", str(failed), "--out", str(tmp_path / "o")]) == 2
+    assert "no successful runs in" in capsys.readouterr().err
+    empty = tmp_path / "e.sqlite"
+    TrainDB(empty).close()
+    assert cli_main(["report", "--db", str(empty), "--out", str(tmp_path / "o")]) == 2
+    assert "no successful runs in" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ a real (tiny) training sweep
+def test_report_of_a_tiny_real_training_sweep(tmp_path):
+    from harness.train_sweep import run_train_sweep
+
+    tiny = dict(dataset="teacher", d_s=8, d_e=8, b=8, d_k0=2, d_k_max=4, p=2, grow_every=10, steps=30,
+                eval_every=10)
+    configs = [TrainConfig(method=m, **tiny) for m in ("default", "random", "fixed-large")]
+    db = tmp_path / "t.sqlite"
+    runs = run_train_sweep(configs, str(db), progress=False)
+    assert (runs.status == "ok").all(), runs.error.tolist()
+    done = build_report(db, tmp_path / "out", svg=False)
+    assert done["figures"] == ["train_curves"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Growth during training" in md and "- **teacher**" in md
+    (v,) = T.build_training(*T.load_training(db)).verdicts
+    assert v.matches_fixed_large in (True, False) and "(a) " in v.text
+    assert v.beats_baselines is None and "zero, gradmax did not run" in v.text
+    s = pd.read_csv(tmp_path / "out" / "training_summary.csv")
+    assert set(s.variant) == {"default", "random", "fixed-large"} and (s.seeds == 1).all()
