@@ -5,9 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import json
 import platform
 import socket
 import subprocess
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -74,3 +77,36 @@ def environment(device: str) -> dict:
 def now() -> str:
     """UTC time, ISO 8601."""
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def config_key(config: dict, code_version: str) -> str:
+    """Resume key of a run: sha256 of its configuration and the code version (24 hex digits)."""
+    blob = json.dumps({**config, "code_version": code_version}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def recorded(config, work: Callable[[], dict], threads: int | None = None) -> dict:
+    """The result row of one run in a worker; never raises: a failure becomes a ``failed`` row.
+
+    Parameters
+    ----------
+    config : RunConfig or TrainConfig
+        Has ``as_dict()``, ``key(code_version)`` and ``device``.
+    work : callable
+        Runs the configuration and returns its result columns.
+    threads : int, optional
+        torch threads for this worker (its share of the cores).
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    env = environment(config.device)
+    row = {**config.as_dict(), **env, "key": config.key(env["code_version"]), "started_at": now()}
+    try:
+        row.update(work())
+        row["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - any failure of one configuration is recorded, the sweep goes on
+        row["status"] = "failed"
+        row["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-4))
+    row["finished_at"] = now()
+    return row
+

@@ -8,10 +8,7 @@ must pay on the same data: the two Gram sums over the batches plus one loss eval
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import statistics as stats_mod
-import traceback
 from dataclasses import asdict, dataclass
 
 import torch
@@ -20,7 +17,7 @@ import strategies
 from strategies import metrics
 from strategies._timing import timed
 
-from .env import environment, now
+from .env import config_key, recorded
 from .memory import peak_memory
 
 # Batches for statistics are drawn far from the warm-up's indices (0..warmup_steps-1).
@@ -53,8 +50,7 @@ class RunConfig:
 
     def key(self, code_version: str) -> str:
         """Resume key: the configuration and the code version."""
-        blob = json.dumps({**self.as_dict(), "code_version": code_version}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+        return config_key(self.as_dict(), code_version)
 
 
 def _capture(model, ds, cfg: RunConfig, device: str):
@@ -225,16 +221,5 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
 
 def run_one(config: dict, cache_dir: str | None = "results/cache", threads: int | None = None) -> dict:
     """Measure one configuration in a worker; never raises: a failure becomes a ``failed`` row."""
-    if threads:
-        torch.set_num_threads(threads)
     cfg = RunConfig(**config)
-    env = environment(cfg.device)
-    row = {**cfg.as_dict(), **env, "key": cfg.key(env["code_version"]), "started_at": now()}
-    try:
-        row.update(measure(cfg, cache_dir))
-        row["status"] = "ok"
-    except Exception as e:  # noqa: BLE001 - any failure of one configuration is recorded, the sweep goes on
-        row["status"] = "failed"
-        row["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-4))
-    row["finished_at"] = now()
-    return row
+    return recorded(cfg, lambda: measure(cfg, cache_dir), threads)

@@ -191,19 +191,25 @@ def run_sweep(
             todo = configs
         if resume and len(todo) < len(configs):
             print(f"resuming: {len(configs) - len(todo)} of {len(configs)} runs already stored", file=sys.stderr)
-        bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
-        failed = 0
-        try:
-            for row in _results(todo, jobs, backend, scheduler, cache_dir):
-                db.write(row)
-                failed += row["status"] != "ok"
-                bar.set_postfix(failed=failed, refresh=False)
-                bar.update()
-        finally:
-            bar.close()
+        store_as_finished(db, _results(todo, jobs, backend, scheduler, cache_dir), len(todo), progress)
         keys = {c.key(version) for c in configs}
         frame = db.frame()
     return frame[frame.key.isin(keys)].reset_index(drop=True)
+
+
+def store_as_finished(db, rows: Iterable[dict], total: int, progress: bool = True) -> int:
+    """Write each row to ``db`` as it arrives (one commit per run), with a progress bar; return the failures."""
+    bar = tqdm(total=total, disable=not progress, unit="run", dynamic_ncols=True)
+    failed = 0
+    try:
+        for row in rows:
+            db.write(row)
+            failed += row["status"] != "ok"
+            bar.set_postfix(failed=failed, refresh=False)
+            bar.update()
+    finally:
+        bar.close()
+    return failed
 
 
 def preset_summary(frame: pd.DataFrame) -> pd.DataFrame:

@@ -21,8 +21,6 @@ evaluation is excluded from both.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields
@@ -34,6 +32,7 @@ import strategies
 from strategies import metrics
 from strategies._timing import synchronize
 
+from .env import config_key
 from .optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
 
 FIXED_METHODS = ("fixed-small", "fixed-large")
@@ -133,8 +132,7 @@ class TrainConfig:
 
     def key(self, code_version: str) -> str:
         """Resume key: the configuration and the code version."""
-        blob = json.dumps({**self.as_dict(), "code_version": code_version}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+        return config_key(self.as_dict(), code_version)
 
     @property
     def grows(self) -> bool:

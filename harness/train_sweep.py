@@ -9,14 +9,13 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-import traceback
 from collections.abc import Iterator
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
-from .env import code_version, environment, now
+from .env import code_version, recorded
+from .sweep import store_as_finished
 from .train import TrainConfig, train_run
 from .train_db import TrainDB
 
@@ -64,19 +63,8 @@ def train_presets() -> dict[str, list[TrainConfig]]:
 
 def run_train_one(config: dict, threads: int | None = None) -> dict:
     """One training run in a worker; never raises: a failure becomes a ``failed`` row."""
-    if threads:
-        torch.set_num_threads(threads)
     cfg = TrainConfig(**config)
-    env = environment(cfg.device)
-    row = {**cfg.as_dict(), **env, "key": cfg.key(env["code_version"]), "started_at": now()}
-    try:
-        row.update(train_run(cfg))
-        row["status"] = "ok"
-    except Exception as e:  # noqa: BLE001 - any failure of one configuration is recorded, the sweep goes on
-        row["status"] = "failed"
-        row["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-4))
-    row["finished_at"] = now()
-    return row
+    return recorded(cfg, lambda: train_run(cfg), threads)
 
 
 def _results(configs: list[TrainConfig], jobs: int) -> Iterator[dict]:
@@ -107,16 +95,7 @@ def run_train_sweep(configs: list[TrainConfig], db_path: str, *, jobs: int = 1, 
         if len(todo) < len(configs):
             print(f"resuming: {len(configs) - len(todo)} of {len(configs)} training runs already stored",
                   file=sys.stderr)
-        bar = tqdm(total=len(todo), disable=not progress, unit="run", dynamic_ncols=True)
-        failed = 0
-        try:
-            for row in _results(todo, jobs):
-                db.write(row)
-                failed += row["status"] != "ok"
-                bar.set_postfix(failed=failed, refresh=False)
-                bar.update()
-        finally:
-            bar.close()
+        store_as_finished(db, _results(todo, jobs), len(todo), progress)
         keys = {c.key(version) for c in configs}
         runs = db.runs()
     return runs[runs.key.isin(keys)].reset_index(drop=True)

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import kill_cli_after_rows
 
 import strategies
 from harness.cli import main as cli_main
@@ -22,7 +16,6 @@ from harness.env import code_version
 from harness.measure import RunConfig
 from harness.sweep import expand, run_sweep, summary, sweep_presets
 
-ROOT = Path(__file__).resolve().parent.parent
 QUALITY = ["optimality", "first_order_decrease", "loss_before", "loss_after", "heldout_before", "heldout_after",
            "bottleneck", "lam", "n_loss_evals"]
 
@@ -95,23 +88,7 @@ def test_resume_after_killed_sweep_has_every_run_exactly_once(tmp_path):
     args = ["run", "--strategies", "formula2,default", "--datasets", "teacher", "--d-s", "8", "--d-e", "8",
             "--b", "8", "--d-k", "2", "--p", "2", "--seeds", "0,1,2,3,4,5,6,7", "--repeats", "40",
             "--n-batches", "2", "--warmup-steps", "5", "--db", str(db), "--cache-dir", str(cache), "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    n_at_kill = 0
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if db.exists():
-            with sqlite3.connect(db) as c:
-                try:
-                    n_at_kill = c.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-                except sqlite3.OperationalError:
-                    n_at_kill = 0
-            if n_at_kill >= 2:
-                break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    n_at_kill = kill_cli_after_rows(args, db, "runs", 2)
     assert 2 <= n_at_kill < 16, "the sweep must be killed mid-way for this test to mean anything"
     with ResultsDB(db) as d:
         survived = d.frame()

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import kill_cli_after_rows
 
 import strategies
 from datasets import make_dataset
@@ -31,7 +25,6 @@ from harness.train import (
 from harness.train_db import TrainDB
 from harness.train_sweep import run_train_sweep, train_presets
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(dataset="teacher", d_s=8, d_e=8, b=8, d_k0=2, d_k_max=6, p=2, grow_every=10, steps=40, eval_every=10)
 
 
@@ -270,23 +263,7 @@ def test_resume_after_killed_training_sweep_has_every_run_exactly_once(tmp_path)
     seeds = list(range(6))
     args = ["train", "--preset", "smoke", "--datasets", "teacher", "--methods", "default,fixed-small",
             "--seeds", ",".join(map(str, seeds)), "--db", str(db), "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    n_at_kill = 0
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if db.exists():
-            with sqlite3.connect(db) as c:
-                try:
-                    n_at_kill = c.execute("SELECT COUNT(*) FROM train_runs").fetchone()[0]
-                except sqlite3.OperationalError:
-                    n_at_kill = 0
-            if n_at_kill >= 2:
-                break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    n_at_kill = kill_cli_after_rows(args, db, "train_runs", 2)
     assert 2 <= n_at_kill < 2 * len(seeds), "the sweep must be killed mid-way for this test to mean anything"
     with TrainDB(db) as d:
         survived, curves = d.runs(), d.curves()
