@@ -21,7 +21,8 @@ from .measure import RunConfig, measure
 CANDIDATES = ["formula1", "formula2", "formula3", "formula4", "joint", "default",
               "gram/solve/full+metric/fast:newton", "joint/solve/full+metric/fast:quadratic",
               "gram/solve/full+metric/normal:grid", "joint/solve/full+metric/normal:grid",
-              "gram/solve/rsvd+metric/fast:quadratic", "gram/solve/full/fast:quadratic"]
+              "gram/solve/full+metric/fast:quadratic", "gram/solve/rsvd+metric/fast:quadratic",
+              "gram/solve/full/fast:quadratic"]
 
 
 def median_time(fn: Callable[[], object], repeats: int, device: str = "cpu") -> float:
@@ -38,7 +39,7 @@ def median_time(fn: Callable[[], object], repeats: int, device: str = "cpu") -> 
 
 
 WIDE_CANDIDATES = ["formula1", "formula2", "joint", "default", "joint/solve/full+metric/fast:quadratic",
-                   "gram/solve/full+metric/fast:quadratic"]
+                   "gram/solve/full+metric/fast:quadratic", "gram/solve/rsvd+metric/fast:quadratic"]
 
 
 def growth_rows(d_e: int, repeats: int, device: str, cache_dir: str | None,
