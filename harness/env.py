@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import hashlib
@@ -77,6 +78,18 @@ def environment(device: str) -> dict:
 def now() -> str:
     """UTC time, ISO 8601."""
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+class KeyedConfig:
+    """Base of a run's frozen-dataclass configuration: ``as_dict`` and its resume ``key``."""
+
+    def as_dict(self) -> dict:
+        """The configuration as a plain dict."""
+        return dataclasses.asdict(self)
+
+    def key(self, code_version: str) -> str:
+        """Resume key: the configuration and the code version."""
+        return config_key(self.as_dict(), code_version)
 
 
 def config_key(config: dict, code_version: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import statistics as stats_mod
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -17,7 +17,7 @@ import strategies
 from strategies import metrics
 from strategies._timing import timed
 
-from .env import config_key, recorded
+from .env import KeyedConfig, recorded
 from .memory import peak_memory
 
 # Batches for statistics are drawn far from the warm-up's indices (0..warmup_steps-1).
@@ -26,7 +26,7 @@ PHASES = ("statistics", "direction", "truncation", "line_search", "total")
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(KeyedConfig):
     """One point of a sweep."""
 
     strategy: str
@@ -43,14 +43,6 @@ class RunConfig:
     warmup_steps: int = 100
     dtype: str = "float32"
     scale_policy: str = "rescale"
-
-    def as_dict(self) -> dict:
-        """The configuration as a plain dict."""
-        return asdict(self)
-
-    def key(self, code_version: str) -> str:
-        """Resume key: the configuration and the code version."""
-        return config_key(self.as_dict(), code_version)
 
 
 def _capture(model, ds, cfg: RunConfig, device: str):

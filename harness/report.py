@@ -375,6 +375,29 @@ def _rec_tables(rec: Recommendation) -> tuple[pd.DataFrame, pd.DataFrame]:
     return ev, ru
 
 
+def facts_rows_html(facts: dict) -> list[str]:
+    """A facts table's rows (name, value), every string escaped."""
+    return [f'<tr><th class="row">{_esc(k)}</th><td class="text">{_esc(v)}</td></tr>' for k, v in facts.items()]
+
+
+def figure_html(r, tag: str) -> list[str]:
+    """A figure under a ``tag`` heading, its PNG embedded, or its note when it was not drawn."""
+    h = [f'<{tag} id="{_esc(r.name)}">{_esc(r.title)}</{tag}>']
+    if r.fig is None or not r.png:
+        return h + [f'<p class="note">{_esc(r.note or "This figure was not drawn.")}</p>']
+    data = base64.b64encode(r.png).decode("ascii")
+    return h + [f'<figure><img alt="{_esc(r.title)}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{_esc(r.caption)}</figcaption></figure>"]
+
+
+def figure_markdown(r, heading: str) -> list[str]:
+    """A figure under a ``heading`` (``##``, ``###``), linked as ``figures/<name>.png``, or its note."""
+    m = [f"{heading} {_md_esc(r.title)}", ""]
+    if r.fig is None or not r.png:
+        return m + [f"> {_md_esc(r.note or 'This figure was not drawn.')}\n"]
+    return m + [f"![{_md_esc(r.title)}](figures/{r.name}.png)", "", _md_esc(r.caption), ""]
+
+
 def _html_training_only(training, db: str, command: str, generated: str, note: str) -> str:
     from .train_report import section_html
 
@@ -406,7 +429,7 @@ def _html(results, rec, rec_json, facts, summary, fails, command, generated, tra
          f"<p>Regenerate with:</p><pre>{_esc(command)}</pre><p>Generated {_esc(generated)}.</p>",
          f"<p>{_esc(NAMING)}</p>",
          "<h2>Database</h2>", "<table>"]
-    h += [f'<tr><th class="row">{_esc(k)}</th><td class="text">{_esc(v)}</td></tr>' for k, v in facts.items()]
+    h += facts_rows_html(facts)
     h.append("</table>")
     if facts["failed"]:
         h.append(f'<p class="note">{facts["failed"]} of {facts["runs"]} runs failed: see '
@@ -435,14 +458,7 @@ def _html(results, rec, rec_json, facts, summary, fails, command, generated, tra
               _html_table(ru, "{:.3g}", wide_text=("reason",))]
 
     for r in results:
-        anchor = _esc(r.name)
-        h.append(f'<h2 id="{anchor}">{_esc(r.title)}</h2>')
-        if r.fig is None:
-            h.append(f'<p class="note">{_esc(r.note)}</p>')
-            continue
-        data = base64.b64encode(r.png).decode("ascii")
-        h.append(f'<figure><img alt="{_esc(r.title)}" src="data:image/png;base64,{data}">'
-                 f"<figcaption>{_esc(r.caption)}</figcaption></figure>")
+        h += figure_html(r, "h2")
 
     h += ["<h2>Summary: medians per dataset, device and strategy</h2>",
           "<p>Times in ms (medians over the runs of every configuration of that dataset); <code>x_floor</code> = "
@@ -487,11 +503,7 @@ def _markdown(results, rec, rec_json, facts, summary, fails, command, generated,
             m += ["### Evidence (medians over seeds)", "", _md_table(ev)]
         m += ["### Runners-up, by median time, with the reason they lost", "", _md_table(ru)]
     for r in results:
-        m += [f"## {_md_esc(r.title)}", ""]
-        if r.fig is None:
-            m.append(f"> {_md_esc(r.note)}\n")
-            continue
-        m += [f"![{_md_esc(r.title)}](figures/{r.name}.png)", "", _md_esc(r.caption), ""]
+        m += figure_markdown(r, "##")
     m += ["## Summary: medians per dataset, device and strategy", "",
           "Also in [summary.csv](summary.csv). Times in ms.", "", _md_table(summary), "## Failed runs", "",
           _md_table(fails) if len(fails) else "None: every run succeeded.\n"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 
 import pandas as pd
@@ -135,17 +135,40 @@ def _results(configs: list[RunConfig], jobs: int, backend: str, scheduler: str |
         return
     if backend != "joblib":
         raise ValueError(f"unknown backend {backend!r}; valid: joblib, dask")
+    yield from in_workers(run_one, todo, jobs, cache_dir)
+
+
+def in_workers(fn: Callable, todo: list[dict], jobs: int, *args) -> Iterator[dict]:
+    """``fn(config, *args)`` for each config, here (``jobs == 1``) or in joblib processes; rows as they finish.
+
+    A worker is called as ``fn(config, *args, threads)`` with its share of the cores, so
+    timings are not skewed by oversubscription.
+    """
     if jobs == 1:
         for c in todo:
-            yield run_one(c, cache_dir)
+            yield fn(c, *args)
         return
     from joblib import Parallel, delayed
 
-    # Each worker gets its share of the cores, so timings are not skewed by oversubscription.
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(
-        delayed(run_one)(c, cache_dir, threads) for c in todo
-    )
+    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(delayed(fn)(c, *args, threads) for c in todo)
+
+
+def pending(configs: list, db, resume: bool, retry_failed: bool, what: str = "runs") -> tuple[list, list, str]:
+    """``(configs, todo, code_version)``: cuda configurations dropped (with a message) when no GPU is
+    available, and, with ``resume``, those whose key is already in ``db`` (failures too, unless
+    ``retry_failed``) left out of ``todo``."""
+    cuda_ok = torch.cuda.is_available()
+    skipped = [c for c in configs if torch.device(c.device).type == "cuda" and not cuda_ok]
+    if skipped:
+        print(f"skipping {len(skipped)} cuda runs: torch.cuda.is_available() is False", file=sys.stderr)
+    configs = [c for c in configs if c not in skipped]
+    version = code_version()
+    done = (db.keys("ok") if retry_failed else db.keys()) if resume else set()
+    todo = [c for c in configs if c.key(version) not in done]
+    if len(todo) < len(configs):
+        print(f"resuming: {len(configs) - len(todo)} of {len(configs)} {what} already stored", file=sys.stderr)
+    return configs, todo, version
 
 
 def run_sweep(
@@ -177,20 +200,8 @@ def run_sweep(
     retry_failed : bool
         With ``resume``, run stored failures again.
     """
-    cuda_ok = torch.cuda.is_available()
-    skipped = [c for c in configs if torch.device(c.device).type == "cuda" and not cuda_ok]
-    if skipped:
-        print(f"skipping {len(skipped)} cuda runs: torch.cuda.is_available() is False", file=sys.stderr)
-    configs = [c for c in configs if c not in skipped]
-    version = code_version()
     with ResultsDB(db_path) as db:
-        if resume:
-            done = db.keys("ok") if retry_failed else db.keys()
-            todo = [c for c in configs if c.key(version) not in done]
-        else:
-            todo = configs
-        if resume and len(todo) < len(configs):
-            print(f"resuming: {len(configs) - len(todo)} of {len(configs)} runs already stored", file=sys.stderr)
+        configs, todo, version = pending(configs, db, resume, retry_failed)
         store_as_finished(db, _results(todo, jobs, backend, scheduler, cache_dir), len(todo), progress)
         keys = {c.key(version) for c in configs}
         frame = db.frame()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -32,7 +32,7 @@ import strategies
 from strategies import metrics
 from strategies._timing import synchronize
 
-from .env import config_key
+from .env import KeyedConfig
 from .optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
 
 FIXED_METHODS = ("fixed-small", "fixed-large")
@@ -43,7 +43,7 @@ HELDOUT_BATCHES = 8
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(KeyedConfig):
     """One training run.
 
     Attributes
@@ -125,14 +125,6 @@ class TrainConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if min(self.p, self.grow_every, self.steps, self.eval_every, self.stats_batches, self.n_heads) < 1:
             raise ValueError("p, grow_every, steps, eval_every, stats_batches and n_heads must be >= 1")
-
-    def as_dict(self) -> dict:
-        """The configuration as a plain dict."""
-        return asdict(self)
-
-    def key(self, code_version: str) -> str:
-        """Resume key: the configuration and the code version."""
-        return config_key(self.as_dict(), code_version)
 
     @property
     def grows(self) -> bool:

@@ -667,12 +667,10 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def section_html(s: TrainingSection) -> str:
     """The section as HTML (every database string escaped; figures embedded from their ``png``)."""
-    import base64
-
-    from .report import _esc, _html_table
+    from .report import _esc, _html_table, facts_rows_html, figure_html
 
     h = ['<h2 id="training">Growth during training</h2>', f"<p>{_esc(INTRO)}</p>", "<table>"]
-    h += [f'<tr><th class="row">{_esc(k)}</th><td class="text">{_esc(v)}</td></tr>' for k, v in s.facts.items()]
+    h += facts_rows_html(s.facts)
     h.append("</table>")
     if s.facts["failed"]:
         h.append(f'<p class="note">{s.facts["failed"]} of {s.facts["training runs"]} training runs failed: see '
@@ -682,13 +680,7 @@ def section_html(s: TrainingSection) -> str:
           for v in s.verdicts]
     h.append("</ul>")
     for r in s.figures:
-        h.append(f'<h3 id="{_esc(r.name)}">{_esc(r.title)}</h3>')
-        if r.fig is None or not r.png:
-            h.append(f'<p class="note">{_esc(r.note or "This figure was not drawn.")}</p>')
-            continue
-        data = base64.b64encode(r.png).decode("ascii")
-        h.append(f'<figure><img alt="{_esc(r.title)}" src="data:image/png;base64,{data}">'
-                 f"<figcaption>{_esc(r.caption)}</figcaption></figure>")
+        h += figure_html(r, "h3")
     h += ["<h3>Medians over seeds per dataset and variant</h3>",
           "<p>Also in <code>training_summary.csv</code>. <code>final / fixed-large</code>: median final held-out "
           "loss over fixed-large's; growth FLOPs share: growth FLOPs / total FLOPs (median over runs); the "
@@ -702,7 +694,7 @@ def section_html(s: TrainingSection) -> str:
 
 def section_markdown(s: TrainingSection) -> str:
     """The section as Markdown (figures linked as ``figures/<name>.png``)."""
-    from .report import _md_esc, _md_table
+    from .report import _md_esc, _md_table, figure_markdown
 
     m = ["## Growth during training", "", _md_esc(INTRO), "",
          _md_table(pd.DataFrame({"": list(s.facts), "value": [str(v) for v in s.facts.values()]}))]
@@ -714,11 +706,7 @@ def section_markdown(s: TrainingSection) -> str:
         m += [f"- **{_md_esc(v.dataset)}**", *(f"  - {_md_esc(p)}" for p in v.parts)]
     m.append("")
     for r in s.figures:
-        m += [f"### {_md_esc(r.title)}", ""]
-        if r.fig is None or not r.png:
-            m.append(f"> {_md_esc(r.note or 'This figure was not drawn.')}\n")
-            continue
-        m += [f"![{_md_esc(r.title)}](figures/{r.name}.png)", "", _md_esc(r.caption), ""]
+        m += figure_markdown(r, "###")
     m += ["### Medians over seeds per dataset and variant", "", "Also in [training_summary.csv](training_summary.csv).",
           "", _md_table(display_table(s.table)), "### Failed training runs", "",
           _md_table(s.failed) if len(s.failed) else "None: every training run succeeded.\n"]

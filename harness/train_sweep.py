@@ -7,15 +7,11 @@ process only, with its curve, in one transaction (:mod:`harness.train_db`).
 from __future__ import annotations
 
 import itertools
-import os
-import sys
-from collections.abc import Iterator
 
 import pandas as pd
-import torch
 
-from .env import code_version, recorded
-from .sweep import store_as_finished
+from .env import recorded
+from .sweep import in_workers, pending, store_as_finished
 from .train import TrainConfig, train_run
 from .train_db import TrainDB
 
@@ -67,35 +63,12 @@ def run_train_one(config: dict, threads: int | None = None) -> dict:
     return recorded(cfg, lambda: train_run(cfg), threads)
 
 
-def _results(configs: list[TrainConfig], jobs: int) -> Iterator[dict]:
-    todo = [c.as_dict() for c in configs]
-    if jobs == 1:
-        for c in todo:
-            yield run_train_one(c)
-        return
-    from joblib import Parallel, delayed
-
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(
-        delayed(run_train_one)(c, threads) for c in todo)
-
-
 def run_train_sweep(configs: list[TrainConfig], db_path: str, *, jobs: int = 1, resume: bool = True,
                     retry_failed: bool = False, progress: bool = True) -> pd.DataFrame:
     """Run every configuration not already stored (with ``resume``); return this sweep's run rows."""
-    cuda_ok = torch.cuda.is_available()
-    skipped = [c for c in configs if torch.device(c.device).type == "cuda" and not cuda_ok]
-    if skipped:
-        print(f"skipping {len(skipped)} cuda runs: torch.cuda.is_available() is False", file=sys.stderr)
-    configs = [c for c in configs if c not in skipped]
-    version = code_version()
     with TrainDB(db_path) as db:
-        done = (db.keys("ok") if retry_failed else db.keys()) if resume else set()
-        todo = [c for c in configs if c.key(version) not in done]
-        if len(todo) < len(configs):
-            print(f"resuming: {len(configs) - len(todo)} of {len(configs)} training runs already stored",
-                  file=sys.stderr)
-        store_as_finished(db, _results(todo, jobs), len(todo), progress)
+        configs, todo, version = pending(configs, db, resume, retry_failed, "training runs")
+        store_as_finished(db, in_workers(run_train_one, [c.as_dict() for c in todo], jobs), len(todo), progress)
         keys = {c.key(version) for c in configs}
         runs = db.runs()
     return runs[runs.key.isin(keys)].reset_index(drop=True)
