@@ -83,7 +83,11 @@ class Gram(Averaging):
     name = "gram"
 
     def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
-        return self.inverse.factor(stats.mean_A, log).sandwich(stats.mean_M)
+        factor = self.inverse.factor(stats.mean_A, log)
+        if factor.null_dims:
+            info["null_directions"] = factor.null_dims
+        info["factor_host_syncs"] = factor.host_syncs
+        return factor.sandwich(stats.mean_M)
 
 
 class _MeanInputStatistics(Statistics):

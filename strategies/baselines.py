@@ -56,12 +56,12 @@ class Baseline(Strategy):
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         return (torch.randn(d_e, p, generator=gen, dtype=torch.float64) * std).to(like)
 
-    def _step(self, ctx, W_Q, W_K, stats, p, scale, new_scale):
-        keep = math.sqrt(scale / new_scale)
-        with timed(ctx["timings"], "direction", W_Q.device), torch.no_grad():
+    def _step(self, ctx, W_Q, W_K, stats, p):
+        keep = math.sqrt(ctx.scale / ctx.new_scale)
+        with timed(ctx.timings, "direction", W_Q.device), torch.no_grad():
             new_Q, new_K = self._new_columns(W_Q, W_K, stats, p, keep)
-        ctx["timings"].setdefault("line_search", 0.0)
-        ctx["timings"].setdefault("truncation", 0.0)
+        ctx.timings.setdefault("line_search", 0.0)
+        ctx.timings.setdefault("truncation", 0.0)
         return torch.cat([W_Q * keep, new_Q], 1), torch.cat([W_K * keep, new_K], 1), 0.0
 
     def _new_columns(self, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int, keep: float) -> tuple[Tensor, Tensor]:

@@ -11,6 +11,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ from torch import Tensor
 from ._checks import check_batch, check_factors, check_scale
 from ._timing import synchronize, timed
 from .averaging import Averaging
-from .line_search import LineSearch, SearchProblem, truncated_scores
+from .line_search import LineSearch, SearchProblem
 from .result import GrowthResult
 from .statistics import Statistics
 from .truncation import Metric, Truncation
@@ -41,6 +42,54 @@ class _CountedLoss:
         return out.reshape(())
 
 
+@dataclass
+class StepContext:
+    """What ``grow`` hands to a strategy's step, and what the step hands back.
+
+    Attributes
+    ----------
+    X, G : Tensor
+        The batch λ is chosen on, ``(b, d_s, d_e)`` and ``(b, d_s, d_s)``.
+    mask : Tensor or None
+        Bool, broadcastable to ``(b, d_s, d_s)``.
+    loss : callable
+        The counted ``loss_of_scores``.
+    Z : Tensor
+        ``c W_Q W_Kᵀ``, ``(d_e, d_e)``.
+    S0 : Tensor
+        The current scores, ``(b, d_s, d_s)``.
+    loss0 : float
+        ``loss(S0)``.
+    scale, new_scale : float
+        ``c`` before and ``c'`` after the growth.
+    log : list of str
+        Fallbacks.
+    info : dict
+        Diagnostics.
+    timings : dict
+        Seconds per phase.
+    M_batch : Tensor or None
+        ``Σ_b X_bᵀ G_b X_b`` of this batch when the statistics were built from it alone.
+    loss_after : float or None
+        Set by a step that has already evaluated the loss at its result.
+    """
+
+    X: Tensor
+    G: Tensor
+    mask: Tensor | None
+    loss: _CountedLoss
+    Z: Tensor
+    S0: Tensor
+    loss0: float
+    scale: float
+    new_scale: float
+    log: list[str] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    M_batch: Tensor | None = None
+    loss_after: float | None = None
+
+
 class Strategy(ABC):
     """Common interface: ``new_statistics``, ``direction``, ``grow``."""
 
@@ -59,9 +108,9 @@ class Strategy(ABC):
 
     @abstractmethod
     def _step(
-        self, ctx: dict, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int, scale: float, new_scale: float
+        self, ctx: StepContext, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int
     ) -> tuple[Tensor, Tensor, float]:
-        """The new factors and λ; may fill ``ctx['loss_after']``."""
+        """The new factors and λ; may set ``ctx.loss_after``."""
 
     def _stats(self, X: Tensor, G: Tensor, mask: Tensor | None, stats: Statistics | None) -> Statistics:
         if stats is None:
@@ -157,33 +206,31 @@ class Strategy(ABC):
         scale = check_scale("scale", 1.0 / math.sqrt(max(d_k, 1)) if scale is None else scale)
         new_scale = check_scale("new_scale", scale if new_scale is None else new_scale)
         loss = _CountedLoss(loss_of_scores)
-        timings: dict[str, float] = {}
         own_stats = stats is None
         stats = self._stats(X, G, mask, stats)
-        timings["statistics"] = stats.elapsed
-        log = list(stats.log)
-        info: dict = {}
         with torch.no_grad():
             Z = scale * W_Q @ W_K.mT
             S0 = scale * (X @ W_Q) @ (X @ W_K).mT  # through the rank-d_k factors: cheaper than X Z Xᵀ
             loss0 = float(loss(S0))
         if not math.isfinite(loss0):
             raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
-        ctx = {"X": X, "G": G, "mask": mask, "loss": loss, "S0": S0, "Z": Z, "loss0": loss0, "log": log,
-               "info": info, "timings": timings, "M_batch": stats.sum_M if own_stats else None}
-        W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p, scale, new_scale)
+        ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
+                          log=list(stats.log), timings={"statistics": stats.elapsed},
+                          M_batch=stats.sum_M if own_stats else None)
+        W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p)
+        log, info, timings = ctx.log, ctx.info, ctx.timings
         for name, W in (("W_Q", W_Q2), ("W_K", W_K2)):
             if not bool(torch.isfinite(W).all()):
                 raise FloatingPointError(f"{self.spec}: new {name} is not finite (fallbacks: {log})")
         with torch.no_grad():
             dZ = new_scale * W_Q2 @ W_K2.mT - Z
-            if "loss_after" in ctx:
-                loss_after = ctx["loss_after"]
+            if ctx.loss_after is not None:
+                loss_after = ctx.loss_after
             else:
                 loss_after = float(loss(new_scale * (X @ W_Q2) @ (X @ W_K2).mT))
             # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
             # statistics were built from it, else one pass over the batch.
-            M = ctx["M_batch"]
+            M = ctx.M_batch
             if M is None:
                 Gm = G if mask is None else G.masked_fill(~mask, 0.0)
                 M = X.reshape(-1, X.shape[-1]).mT @ (Gm @ X).reshape(-1, X.shape[-1])
@@ -238,68 +285,82 @@ class GrowthStrategy(Strategy):
     def _direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
         return self.averaging.direction(stats, log, info)
 
-    def _step(self, ctx, W_Q, W_K, stats, p, scale, new_scale):
-        X, mask, log, info, timings = ctx["X"], ctx["mask"], ctx["log"], ctx["info"], ctx["timings"]
-        Z = ctx["Z"]
+    def _step(self, ctx: StepContext, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int):
         rank = W_Q.shape[1] + p
-        with timed(timings, "direction", X.device), torch.no_grad():
-            P = self._direction(stats, log, info)
-            _check_direction(P)
-            metric = Metric(stats.mean_A, self.truncation.metric_rtol) if self.truncation.metric else None
-            D = X @ P @ X.mT
-            if mask is not None:
-                D.mul_(mask)
-            norm = float(torch.linalg.vector_norm(D))
-
-        def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            return self.truncation(Y, rank, metric)
-
-        if norm > 0 and math.isfinite(norm):
-            n_entries = int(mask.expand(X.shape[0], -1, -1).sum()) if mask is not None else D.numel()
-            D_hat = D.div_(norm)
-            prob = SearchProblem(
-                loss=ctx["loss"], X=X, Z=Z, P_hat=P / norm, S0=ctx["S0"], D_hat=D_hat,
-                loss0=ctx["loss0"], truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1)),
-                slope0=-float(torch.dot(ctx["G"].reshape(-1), D_hat.reshape(-1))),
-            )
-            with timed(timings, "line_search", X.device):
-                lam, loss_at = self.line_search.search(prob, log, info)
-            P_hat = prob.P_hat
+        calls_before = ctx.loss.calls
+        with timed(ctx.timings, "direction", ctx.X.device), torch.no_grad():
+            prob = build_search_problem(self, stats, ctx, rank)
+        ctx.timings.setdefault("line_search", 0.0)
+        ctx.timings.setdefault("truncation", 0.0)
+        if prob is None:
+            ctx.log.append("direction: X P Xᵀ = 0 (G has no component any dZ can reach); λ = 0")
+            with timed(ctx.timings, "truncation", ctx.X.device), torch.no_grad():
+                U, s, V = self.truncation(ctx.Z, rank, None)
+            lam = 0.0
         else:
-            log.append("direction: X P Xᵀ = 0 (G has no component any dZ can reach); λ = 0")
-            lam, loss_at, P_hat = 0.0, ctx["loss0"], torch.zeros_like(P)
-        timings.setdefault("line_search", 0.0)
-        with timed(timings, "truncation", X.device), torch.no_grad():
-            U, s, V = truncate(Z - lam * P_hat)
-        if self.line_search.loss_is_final:
-            if lam > 0:
-                ctx["loss_after"] = loss_at
-        elif lam > 0:
-            U, s, V, lam = self._check_truncated_step(ctx, truncate, Z, P_hat, (U, s, V), lam)
-        root = s.clamp_min(0).sqrt() / math.sqrt(new_scale)
+            with timed(ctx.timings, "line_search", ctx.X.device):
+                lam, loss_at = self.line_search.search(prob, ctx.log, ctx.info)
+            U, s, V, lam, ctx.loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
+        # Every loss call hands its value to the host; so do the builder and the factorisations.
+        ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + ctx.loss.calls - calls_before
+        root = s.clamp_min(0).sqrt() / math.sqrt(ctx.new_scale)
         return U * root, V * root, lam
 
-    def _check_truncated_step(self, ctx, truncate, Z, P_hat, usv, lam):
-        """The fast search chose λ without the rank limit: evaluate the truncated step, halve λ until it
-        decreases the loss (each halving one truncation and one evaluation); λ = 0 if none does."""
-        X, loss, timings = ctx["X"], ctx["loss"], ctx["timings"]
-        halvings = 0
-        while True:
-            U, s, V = usv
-            with timed(timings, "line_search", X.device), torch.no_grad():
-                v = float(loss(truncated_scores(X, U, s, V)))
-            if v < ctx["loss0"]:
-                ctx["loss_after"] = v
-                break
-            if halvings == self.line_search.max_backtrack:
-                ctx["log"].append(f"fast: no truncated step decreased the loss after {halvings} halvings; λ = 0")
-                lam = 0.0
-                with torch.no_grad():
-                    usv = truncate(Z)
-                break
-            halvings += 1
-            lam /= 2
-            with timed(timings, "truncation", X.device), torch.no_grad():
-                usv = truncate(Z - lam * P_hat)
-        ctx["info"]["truncated_backtracks"] = halvings
-        return (*usv, lam)
+
+def build_search_problem(
+    strategy: GrowthStrategy, stats: Statistics, ctx: StepContext, rank: int
+) -> SearchProblem | None:
+    """Direction, normalisation, metric and truncation of one growth: the line search's problem.
+
+    Builds ``P`` from the statistics, ``D = X P Xᵀ`` (masked) on the batch, ``P̂ = P / ‖D‖``
+    and ``D̂ = D / ‖D‖``, the metric when the truncation asks for one, and the slope
+    ``φ'(0) = −⟨G, D̂⟩``. Shared by the growth step and by measurements along λ.
+
+    Parameters
+    ----------
+    strategy : GrowthStrategy
+        Gives the averaging (direction) and the truncation.
+    stats : Statistics
+        Accumulated by ``strategy.new_statistics()``.
+    ctx : StepContext
+        The batch, the current ``Z`` and scores, the counted loss; ``ctx.log`` and
+        ``ctx.info`` receive fallbacks and diagnostics (``host_syncs`` among them).
+    rank : int
+        ``d_k + p``.
+
+    Returns
+    -------
+    SearchProblem or None
+        None when ``X P Xᵀ = 0`` on the batch: no step can reach ``G``.
+    """
+    X, mask = ctx.X, ctx.mask
+    P = strategy._direction(stats, ctx.log, ctx.info)
+    metric = Metric(stats.mean_A, strategy.truncation.metric_rtol) if strategy.truncation.metric else None
+    D = X @ P @ X.mT
+    if mask is not None:
+        D.mul_(mask)
+    norm_t = torch.linalg.vector_norm(D)
+    slope_t = -torch.dot(ctx.G.reshape(-1), D.reshape(-1))
+    n_entries_t = mask.expand(X.shape[0], -1, -1).sum() if mask is not None else torch.tensor(D.numel())
+    # One host transfer for the four numbers the step must decide on.
+    finite, norm, slope, n_entries = torch.stack([
+        torch.isfinite(P).all().to(D.dtype), norm_t, slope_t, n_entries_t.to(device=D.device, dtype=D.dtype),
+    ]).tolist()
+    ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + 1 + ctx.info.pop("factor_host_syncs", 0)
+    if metric is not None:
+        ctx.log.extend(metric.log)
+        ctx.info["host_syncs"] += metric.host_syncs
+        if metric.null_dims:
+            ctx.info["metric_null_directions"] = metric.null_dims
+    if not finite:
+        raise FloatingPointError("the direction P is not finite: the statistics are degenerate beyond any fallback")
+    if not (norm > 0 and math.isfinite(norm)):
+        return None
+
+    def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return strategy.truncation(Y, rank, metric)
+
+    return SearchProblem(
+        loss=ctx.loss, X=X, Z=ctx.Z, P_hat=P / norm, S0=ctx.S0, D_hat=D.div_(norm), loss0=ctx.loss0,
+        truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope / norm, timings=ctx.timings,
+    )

@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from .gram import PSDFactor, factor_psd
+
 
 def default_rtol(dtype: torch.dtype, n: int) -> float:
     """The default relative cutoff ``n · eps(dtype)``: below it, singular values are rounding noise."""
@@ -27,6 +29,11 @@ def default_rtol(dtype: torch.dtype, n: int) -> float:
 
 class GramFactor(ABC):
     """A factorised Gram matrix ``A (..., d, d)`` that applies ``A^{-1}`` (or ``A^†``)."""
+
+    #: Null directions of ``A`` removed by design (not a fallback), see :mod:`strategies.gram`.
+    null_dims: int = 0
+    #: Points at which factorising needed a number on the host.
+    host_syncs: int = 0
 
     @abstractmethod
     def solve(self, R: Tensor) -> Tensor:
@@ -88,11 +95,24 @@ class Pinv:
 
 
 class _SolveFactor(GramFactor):
-    """Cholesky (or LU) factors of a batch of Gram matrices, with pinv for the ones that fail."""
+    """Cholesky (or LU) factors of Gram matrices.
+
+    One matrix under Cholesky (``gram``, ``mean-input``, the joint preconditioner) has its
+    null directions removed by design (:func:`strategies.gram.factor_psd`): the solve is
+    then exactly the pseudo-inverse on the range, with no eigendecomposition and no
+    fallback. A batch (``per-sample``) or LU hands the singular matrices to pinv and
+    records it.
+    """
 
     def __init__(self, A: Tensor, method: str, rtol: float | None, log: list[str]) -> None:
         d = A.shape[-1]
         tol = default_rtol(A.dtype, d) if rtol is None else rtol
+        #: The null directions removed by design (one matrix under Cholesky), see :mod:`strategies.gram`.
+        self.psd: PSDFactor | None = factor_psd(A, tol) if method == "cholesky" and A.dim() == 2 else None
+        if self.psd is not None:
+            self.null_dims, self.host_syncs = self.psd.n_null, self.psd.host_syncs
+            return
+        self.host_syncs = 1  # counting the failed factorisations
         scale = A.diagonal(dim1=-2, dim2=-1).abs().amax(dim=-1).clamp_min(torch.finfo(A.dtype).tiny)
         self.method = method
         if method == "cholesky":
@@ -118,6 +138,8 @@ class _SolveFactor(GramFactor):
             )
 
     def solve(self, R: Tensor) -> Tensor:
+        if self.psd is not None:
+            return self.psd.project(self.psd.solve(self.psd.project(R)))
         if self.bad.dim() == 0 and bool(self.bad):
             return self.fallback.solve(R)
         if self.method == "cholesky":
@@ -129,9 +151,18 @@ class _SolveFactor(GramFactor):
             out[self.bad] = self.fallback.solve(R[self.bad] if R.dim() > 2 else R)
         return out
 
+    def sandwich(self, M: Tensor) -> Tensor:
+        if self.psd is not None:
+            return self.psd.pinv_sandwich(M)
+        return super().sandwich(M)
+
 
 class Solve:
-    """Cholesky or LU solve, never forming the inverse; pinv where the matrix is singular.
+    """Cholesky or LU solve, never forming the inverse.
+
+    A single singular Gram matrix under Cholesky has its null directions removed once
+    (the result is the pseudo-inverse on its range, counted in ``info["null_directions"]``);
+    where that fails, and for batches of matrices, singular ones go to pinv, recorded.
 
     Parameters
     ----------

@@ -7,7 +7,10 @@
 Search methods: ``grid`` (0 and 16 geometric points), ``bounded`` (Brent's bounded
 method of :func:`scipy.optimize.minimize_scalar`, on ``log λ``), ``newton`` (first and
 second derivatives of the loss along the path by AD), ``quadratic`` (MATH §5: ``φ(0)``
-and ``φ'(0) = −⟨G, X P̂ Xᵀ⟩`` cost nothing, one trial λ fixes a quadratic model; no AD).
+and ``φ'(0) = −⟨G, X P̂ Xᵀ⟩`` cost nothing, one trial λ fixes a quadratic model; no AD),
+``bracket`` (the quadratic model's guess, then :func:`scipy.optimize.bracket` on ``log λ``
+and one parabolic step through the bracket: reaches the path's best where the loss along
+the path is far from quadratic, in about five evaluations).
 
 ``P̂`` is normalised so that ``‖X P̂ Xᵀ‖_F = 1`` over the batch: λ is the Frobenius norm
 of the (untruncated) score change. Searches are bracketed in units of
@@ -19,14 +22,18 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.optimize import bracket as scipy_bracket
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
-METHODS = ("grid", "bounded", "newton", "quadratic")
+from ._timing import timed
+
+METHODS = ("grid", "bounded", "newton", "quadratic", "bracket")
 
 
 @dataclass
@@ -51,6 +58,8 @@ class SearchProblem:
         ``sqrt(#attended entries)``: λ of one RMS logit per entry.
     slope0 : float
         ``−⟨G, X P̂ Xᵀ⟩``: the fast path's slope at λ = 0, from the captured gradient.
+    timings : dict, optional
+        Where the finishing step adds its ``truncation`` and ``line_search`` seconds.
     """
 
     loss: Callable[[Tensor], Tensor]
@@ -63,6 +72,7 @@ class SearchProblem:
     truncate: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
     lam_unit: float
     slope0: float = math.nan
+    timings: dict[str, float] | None = None
 
 
 class LineSearch(ABC):
@@ -70,7 +80,7 @@ class LineSearch(ABC):
 
     Parameters
     ----------
-    method : {"grid", "bounded", "newton"}
+    method : {"grid", "bounded", "newton", "quadratic", "bracket"}
         Search method.
     n_grid : int
         Grid points including λ = 0 (17, like the seed's prototype).
@@ -84,6 +94,9 @@ class LineSearch(ABC):
         point (one more evaluation).
     max_backtrack : int
         Halvings of the step when neither point decreases the loss.
+    max_expand : int
+        Expansions of :func:`scipy.optimize.bracket` before the bracket search gives up
+        and keeps the best point seen.
     """
 
     name: str = ""
@@ -99,6 +112,7 @@ class LineSearch(ABC):
         maxiter: int = 40,
         newton_steps: int = 1,
         max_backtrack: int = 8,
+        max_expand: int = 6,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown search method {method!r}; valid: {', '.join(METHODS)}")
@@ -106,8 +120,8 @@ class LineSearch(ABC):
             raise ValueError(f"n_grid must be >= 2, got {n_grid}")
         if not (0 < lam_min < lam_max):
             raise ValueError(f"need 0 < lam_min < lam_max, got {lam_min}, {lam_max}")
-        if newton_steps < 1 or maxiter < 1 or max_backtrack < 0:
-            raise ValueError("newton_steps and maxiter must be >= 1, max_backtrack >= 0")
+        if newton_steps < 1 or maxiter < 1 or max_backtrack < 0 or max_expand < 1:
+            raise ValueError("newton_steps, maxiter and max_expand must be >= 1, max_backtrack >= 0")
         self.method = method
         self.n_grid = n_grid
         self.lam_min = lam_min
@@ -115,6 +129,7 @@ class LineSearch(ABC):
         self.maxiter = maxiter
         self.newton_steps = newton_steps
         self.max_backtrack = max_backtrack
+        self.max_expand = max_expand
 
     @abstractmethod
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
@@ -138,7 +153,63 @@ class LineSearch(ABC):
             return self._bounded(prob, info)
         if self.method == "quadratic":
             return self._quadratic(prob, log, info)
+        if self.method == "bracket":
+            return self._bracket(prob, log, info)
         return self._newton(prob, log, info)
+
+    def finish(self, prob: SearchProblem, lam: float, loss_at: float, log: list[str],
+               info: dict) -> tuple[Tensor, Tensor, Tensor, float, float | None]:
+        """The truncated step at the chosen λ: ``(U, s, V, λ, loss after or None if not evaluated)``."""
+        with _timed(prob, "truncation"), torch.no_grad():
+            U, s, V = prob.truncate(prob.Z - lam * prob.P_hat)
+        return U, s, V, lam, (loss_at if lam > 0 else None)
+
+    def _bracket(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
+        """Quadratic guess, then a bracket of the minimum on ``log λ``, then one parabolic step through it.
+
+        The quadratic model of :meth:`_quadratic` gives a first pair of trials; downhill
+        expansion (:func:`scipy.optimize.bracket`, golden-ratio steps with parabolic
+        extrapolation) finds ``t_a < t_b < t_c`` with ``φ(t_b)`` below both ends; the
+        vertex of the parabola through them is the last trial. Working on ``log λ`` makes
+        the expansion reach a minimiser several decades from the first guess in a few steps.
+        """
+        f0, g0 = prob.loss0, prob.slope0
+        if not (math.isfinite(g0) and g0 < 0):
+            log.append(f"bracket: slope {g0:.3g} at λ=0 is not a descent; λ = 0")
+            return 0.0, f0
+        seen: dict[float, float] = {}
+
+        def phi_log(t: float) -> float:
+            if t not in seen:
+                seen[t] = self.phi(prob, math.exp(t))
+            return seen[t]
+
+        lam1 = min(prob.lam_unit, f0 / -g0) if f0 > 0 else prob.lam_unit
+        v1 = phi_log(math.log(lam1))
+        curv = 2 * (v1 - f0 - g0 * lam1) / lam1**2 if math.isfinite(v1) else math.inf
+        lam2 = -g0 / curv if curv > 0 else 4 * lam1
+        # Keep the second trial distinct from the first and within two decades of it.
+        ratio = min(max(lam2 / lam1, 1e-2), 1e2)
+        if abs(math.log(ratio)) < math.log(1.5):
+            ratio = 2.0 if v1 < f0 else 0.25
+        t1, t2 = math.log(lam1), math.log(lam1 * ratio)
+        phi_log(t2)
+        try:
+            ta, tb, tc, fa, fb, fc, _ = scipy_bracket(phi_log, xa=t1, xb=t2, maxiter=self.max_expand)
+            if fb < min(fa, fc):
+                # Vertex of the parabola through the bracket (the step of Brent's method).
+                num = (tb - ta) ** 2 * (fb - fc) - (tb - tc) ** 2 * (fb - fa)
+                den = (tb - ta) * (fb - fc) - (tb - tc) * (fb - fa)
+                t = tb - 0.5 * num / den if den != 0 else tb
+                if min(ta, tc) < t < max(ta, tc) and abs(t - tb) > 1e-3:
+                    phi_log(t)
+        except (RuntimeError, ValueError) as err:  # no bracket within max_expand: keep the best point seen
+            log.append(f"bracket: no bracket after {self.max_expand} expansions ({type(err).__name__}); "
+                       "kept the best point seen")
+        t_best = min(seen, key=seen.get)
+        info["bracket_trials"] = len(seen)
+        lam, v = math.exp(t_best), seen[t_best]
+        return (lam, v) if v < f0 else self._backtrack(prob, min(math.exp(t) for t in seen), log, "bracket")
 
     def _quadratic(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
         """Minimise the quadratic through ``φ(0)``, ``φ'(0)`` and one trial; ``newton_steps`` refits.
@@ -295,12 +366,45 @@ class NormalSearch(LineSearch):
 
 
 class FastSearch(LineSearch):
-    """``λ ↦ L( S − λ X P̂ Xᵀ )``: no SVD per trial; ``X P̂ Xᵀ`` is computed once."""
+    """``λ ↦ L( S − λ X P̂ Xᵀ )``: no SVD per trial; ``X P̂ Xᵀ`` is computed once.
+
+    λ is chosen without the rank limit; :meth:`finish` truncates once, and if the
+    truncated step does not decrease the loss, halves λ until it does (each halving one
+    truncation and one evaluation, counted in ``n_loss_evals``); λ = 0 if none does.
+    """
 
     name = "fast"
 
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
         return self._fast_path(prob, lam)
+
+    def finish(self, prob, lam, loss_at, log, info):
+        U, s, V, lam, _ = super().finish(prob, lam, loss_at, log, info)
+        if lam == 0:
+            return U, s, V, lam, None
+        halvings = 0
+        while True:
+            with _timed(prob, "line_search"), torch.no_grad():
+                v = float(prob.loss(truncated_scores(prob.X, U, s, V)))
+            if v < prob.loss0:
+                break
+            if halvings == self.max_backtrack:
+                log.append(f"fast: no truncated step decreased the loss after {halvings} halvings; λ = 0")
+                lam, v = 0.0, None
+                with torch.no_grad():
+                    U, s, V = prob.truncate(prob.Z)
+                break
+            halvings += 1
+            lam /= 2
+            with _timed(prob, "truncation"), torch.no_grad():
+                U, s, V = prob.truncate(prob.Z - lam * prob.P_hat)
+        info["truncated_backtracks"] = halvings
+        return U, s, V, lam, v
+
+
+def _timed(prob: SearchProblem, phase: str):
+    """Time a phase into ``prob.timings`` (synchronised on CUDA), or nothing when it has none."""
+    return timed(prob.timings, phase, prob.X.device) if prob.timings is not None else nullcontext()
 
 
 LINE_SEARCHES: dict[str, type] = {"normal": NormalSearch, "fast": FastSearch}

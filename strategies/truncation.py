@@ -1,7 +1,7 @@
 """Truncated SVD ``T_r`` of the step ``Z − λP̂`` (MATH §4): full or randomised, plain or metric-aware.
 
 A truncation returns factors ``(U (d, r), s (r,), V (d, r))`` with ``T_r(Y) = U diag(s) Vᵀ``.
-Metric-aware truncation ``T_r^W(Y) = W^{-1} T_r(W Y W) W^{-1}`` with ``W = E[A]^{1/2}``
+Metric-aware truncation ``T_r^L(Y) = L^{-T} T_r(Lᵀ Y L) L^{-1}`` with ``L Lᵀ = E[A]``
 minimises the error in score space ``‖X (Y − Z') Xᵀ‖`` rather than ``‖Y − Z'‖``.
 """
 
@@ -13,42 +13,77 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from .gram import factor_psd
+
 
 class Metric:
-    """``W = E[A]^{1/2}`` and ``W^{-1}`` for metric-aware truncation.
+    """A factor ``L`` with ``L Lᵀ = E[A]`` (null directions floored) for metric-aware truncation.
+
+    The best rank-``r`` ``Z'`` in ``‖Lᵀ(Y − Z')L‖_F`` is ``L^{-T} T_r(Lᵀ Y L) L^{-1}``, and
+    ``‖Lᵀ B L‖_F = ‖E[A]^{1/2} B E[A]^{1/2}‖_F`` for every ``B`` and every such ``L``
+    (both equal ``tr(B E[A] Bᵀ E[A])^{1/2}``). So a Cholesky factor attains the same
+    optimum as the symmetric square root, at a fraction of an eigendecomposition's cost.
 
     Parameters
     ----------
     mean_A : Tensor
         ``E[XᵀX]``, ``(d_e, d_e)``.
     rtol : float, optional
-        Eigenvalues of ``E[A]`` below ``rtol · λ_max`` are numerically zero (default
+        Eigenvalues of ``E[A]`` below ``rtol · ‖E[A]‖`` are numerically zero (default
         ``10 · d_e · eps(dtype)``, the rounding level of a computed Gram matrix). All
-        others are kept exactly, so ``W = E[A]^{1/2}`` on any numerically non-singular
-        ``E[A]`` and the truncation attains the optimal functional error there.
+        others are kept exactly, so the truncation attains the optimal functional error
+        on any numerically non-singular ``E[A]``.
+
+    Attributes
+    ----------
+    L : Tensor
+        ``(d_e, d_e)``, lower triangular unless the eigendecomposition fallback ran.
+    null_dims : int
+        Null directions found and floored.
+    log : list of str
+        The fallback, if one happened.
 
     Notes
     -----
-    Null eigenvalues are raised to ``sqrt(rtol) · λ_max`` rather than dropped or kept at
-    rounding level. Dropping them (a pseudo-inverse) would discard the components of
-    ``Z`` outside the inputs' span, changing the block's function on new inputs at
-    λ = 0. Keeping them at rounding level would let ``W^{-1} · W^{-1}`` amplify the
-    SVD's backward error ``eps · ‖W Y W‖`` by ``1/rtol`` into ``O(‖Y‖)`` noise in
-    those directions; at ``sqrt(rtol)`` that noise is ``O(sqrt(eps) · ‖Y‖)``. In
-    directions the inputs do span, the amplified noise is at rounding level in score
-    space, because those inputs carry energy ``∝ λ_i`` there.
+    Null eigenvalues are raised to ``sqrt(rtol) · max diag(E[A])`` rather than dropped or
+    kept at rounding level. Dropping them (a pseudo-inverse) would discard the components
+    of ``Z`` outside the inputs' span, changing the block's function on new inputs at
+    λ = 0. Keeping them at rounding level would let ``L^{-T} · L^{-1}`` amplify the
+    SVD's backward error ``eps · ‖Lᵀ Y L‖`` by ``1/rtol`` into ``O(‖Y‖)`` noise in those
+    directions; at ``sqrt(rtol)`` that noise is ``O(sqrt(eps) · ‖Y‖)``. In directions the
+    inputs do span, the amplified noise is at rounding level in score space, because
+    those inputs carry energy ``∝ λ_i`` there. The null directions are found once per
+    metric by :func:`strategies.gram.factor_psd`; an eigendecomposition runs only when
+    that fails, and is recorded in ``log``.
     """
 
     def __init__(self, mean_A: Tensor, rtol: float | None = None) -> None:
         if rtol is not None and not (0 < rtol < 1):
             raise ValueError(f"metric rtol must be in (0, 1), got {rtol!r}")
+        tol = 10 * mean_A.shape[-1] * torch.finfo(mean_A.dtype).eps if rtol is None else rtol
+        self.log: list[str] = []
+        factor = factor_psd(mean_A, tol, lift=math.sqrt(tol))
+        self.host_syncs = 0 if factor is None else factor.host_syncs
+        if factor is not None:
+            self.L, self.null_dims, self._triangular = factor.L, factor.n_null, True
+            return
         w, V = torch.linalg.eigh(mean_A)
-        tol = 10 * mean_A.shape[-1] * torch.finfo(w.dtype).eps if rtol is None else rtol
         top = w.amax().clamp_min(torch.finfo(w.dtype).tiny)
-        w = torch.where(w > tol * top, w, math.sqrt(tol) * top)
-        sq = w.sqrt()
-        self.W = (V * sq) @ V.mT
-        self.W_inv = (V / sq) @ V.mT
+        null = w <= tol * top
+        w = torch.where(null, math.sqrt(tol) * top, w)
+        self.L, self.null_dims, self._triangular = V * w.sqrt(), int(null.sum()), False
+        self._V, self._sqrt_w = V, w.sqrt()
+        self.log.append("metric: Cholesky with null directions removed failed; used eigh")
+
+    def whiten(self, Y: Tensor) -> Tensor:
+        """``Lᵀ Y L``, ``(d_e, d_e)``."""
+        return self.L.mT @ Y @ self.L
+
+    def unwhiten(self, U: Tensor) -> Tensor:
+        """``L^{-T} U`` for ``U (d_e, r)``: factors of a whitened matrix back to the original basis."""
+        if self._triangular:
+            return torch.linalg.solve_triangular(self.L.mT, U, upper=True)
+        return self._V @ (U / self._sqrt_w.unsqueeze(-1))
 
 
 class Truncation(ABC):
@@ -76,8 +111,8 @@ class Truncation(ABC):
         """``T_rank(Y)`` (or ``T_rank^W(Y)`` when ``metric`` is given) as ``(U, s, V)``."""
         if metric is None:
             return self._svd(Y, rank)
-        U, s, V = self._svd(metric.W @ Y @ metric.W, rank)
-        return metric.W_inv @ U, s, metric.W_inv @ V
+        U, s, V = self._svd(metric.whiten(Y), rank)
+        return metric.unwhiten(U), s, metric.unwhiten(V)
 
 
 class FullSVD(Truncation):

@@ -43,7 +43,7 @@ def test_specs_are_the_full_grid_plus_baselines():
         f"{a}/{i}/{t}{m}/{ls}:{meth}"
         for a, i, t, m, ls, meth in itertools.product(
             ["per-sample", "gram", "mean-input", "joint"], ["pinv", "solve"], ["full", "rsvd"], ["", "+metric"],
-            ["normal", "fast"], ["grid", "bounded", "newton", "quadratic"],
+            ["normal", "fast"], ["grid", "bounded", "newton", "quadratic", "bracket"],
         )
     }
     assert set(specs) == grid | {"random", "zero", "gradmax"}

@@ -60,21 +60,31 @@ def test_metric_truncation_attains_optimal_functional_error(seed, cond):
                 assert err_metric < 0.99 * err_plain  # anisotropy: plain truncation is visibly worse
 
 
-def test_metric_from_statistics_is_square_root_of_mean_gram():
+def test_metric_from_statistics_is_a_cholesky_factor_of_mean_gram():
+    """A regular ``E[A]`` is factorised by Cholesky alone: ``L Lᵀ = E[A]``, ``L`` lower triangular, no fallback."""
     X = anisotropic_X(4, 8, 5, cond=1e3, seed=3)
     stats = strategies.make("formula2").new_statistics().update(X, torch.zeros(4, 8, 8, dtype=DT))
     A = sum(x.T @ x for x in X) / 4
     m = strategies.Metric(stats.mean_A)
-    assert rel_err(m.W @ m.W, A) < 1e-10
-    assert rel_err(m.W, sqrt_psd(np64(A))) < 1e-9
-    assert rel_err(m.W @ m.W_inv, torch.eye(5, dtype=DT)) < 1e-9
+    assert m.log == [] and m.null_dims == 0
+    assert rel_err(m.L @ m.L.T, A) < 1e-10
+    assert torch.equal(m.L, m.L.tril())
+    # unwhiten inverts Lᵀ: L^{-T} (Lᵀ U) = U.
+    U = torch.randn(5, 2, generator=gen(9), dtype=DT)
+    assert rel_err(m.unwhiten(m.L.T @ U), U) < 1e-10
+    # The whitened norm is the symmetric square root's: ‖Lᵀ B L‖ = ‖A^{1/2} B A^{1/2}‖.
+    B = torch.randn(5, 5, generator=gen(10), dtype=DT)
+    Wn = sqrt_psd(np64(A))
+    assert float(torch.linalg.matrix_norm(m.whiten(B))) == pytest.approx(np.linalg.norm(Wn @ np64(B) @ Wn), rel=1e-10)
 
 
 def test_metric_on_singular_gram_keeps_low_rank_matrices():
-    """MATH §4 / Metric docstring: the floored W stays invertible, so ``T^W_r(Z) = Z`` when ``rank Z ≤ r``."""
+    """MATH §4 / Metric docstring: the floored factor stays invertible, so ``T^W_r(Z) = Z`` when ``rank Z ≤ r``."""
     X = anisotropic_X(1, 3, 6, seed=4)[0]  # rank 3 < d_e = 6
     metric = strategies.Metric(X.T @ X)
-    assert torch.isfinite(metric.W_inv).all()
+    # Found by inverse iteration, not by the eigendecomposition fallback.
+    assert metric.null_dims == 3 and metric.log == []
+    assert torch.isfinite(metric.L).all() and float(metric.L.diagonal().abs().min()) > 0
     Z = low_rank(6, 2, seed=5)
     for trunc in (FULL(metric=True), RSVD(metric=True)):
         for rank in (2, 4):
