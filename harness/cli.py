@@ -208,7 +208,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_targets(args: argparse.Namespace) -> int:
     from .targets import run_targets
 
-    run_targets(repeats=args.repeats, device=args.device, cache_dir=args.cache_dir)
+    table = run_targets(repeats=args.repeats, device=args.device, cache_dir=args.cache_dir,
+                        scale=not args.skip_scale)
+    if args.out:
+        Path(args.out).write_text(table + "\n")
     return 0
 
 
@@ -270,10 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_exp.add_argument("--out", help="output file (default: the database's name with the format's suffix)")
     p_exp.set_defaults(func=_cmd_export)
 
-    p_tg = sub.add_parser("targets", help="measure the speed targets (issue 4) in one process, as a Markdown table")
+    p_tg = sub.add_parser("targets", help="measure the speed and quality targets in one process, as a Markdown table")
     p_tg.add_argument("--repeats", type=int, default=5, help="timed repeats per figure (median reported)")
     p_tg.add_argument("--device", default="cpu", help="cpu or cuda")
     p_tg.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
+    p_tg.add_argument("--skip-scale", action="store_true",
+                      help="leave out the scale set (d_e 64..1024 on cpu, 64..4096 on cuda)")
+    p_tg.add_argument("--out", help="also write the Markdown table to this file")
     p_tg.set_defaults(func=_cmd_targets)
 
     p_ex = sub.add_parser("example", help="grow the reference block once with every preset and print a table")

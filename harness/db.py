@@ -25,7 +25,8 @@ RESULT_COLUMNS = {
     "bottleneck": "REAL", "lam": "REAL", "n_loss_evals": "INTEGER", "fallback": "TEXT",
     "t_statistics": "REAL", "t_direction": "REAL", "t_truncation": "REAL", "t_line_search": "REAL",
     "t_total": "REAL", "t_floor": "REAL", "t_loss_eval": "REAL", "peak_mem_bytes": "INTEGER",
-    "peak_mem_method": "TEXT", "extra": "TEXT",
+    "peak_mem_method": "TEXT", "extra": "TEXT", "path_efficiency": "REAL", "scan_decrease": "REAL",
+    "heldout_decrease_at_scan_best": "REAL", "host_syncs": "INTEGER",
 }
 ENV_COLUMNS = {
     "torch_version": "TEXT", "device_name": "TEXT", "threads": "INTEGER", "git_commit": "TEXT",

@@ -8,14 +8,16 @@ must pay on the same data: the two Gram sums over the batches plus one loss eval
 from __future__ import annotations
 
 import copy
+import math
 import statistics as stats_mod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import strategies
 from strategies import metrics
-from strategies._timing import timed
+from strategies.timing import timed
 
 from .env import KeyedConfig, recorded
 from .memory import peak_memory
@@ -64,37 +66,60 @@ def _stack_mask(mask, n: int, b: int):
     return None if mask is None else mask.expand(n * b, -1, -1)
 
 
-def loss_along_lambda(strategy, stats, X, G, mask, W_Q, W_K, scale: float, rank: int, loss_of_scores,
-                      lam_max: float, n: int = 25) -> dict:
+def search_problem(strategy, stats, X, G, mask, W_Q, W_K, scale: float, rank: int,
+                   loss_of_scores) -> strategies.SearchProblem | None:
+    """The line search's problem of ``strategy`` at the current factors, as ``grow`` builds it."""
+    with torch.no_grad():
+        Z = scale * W_Q @ W_K.mT
+        S0 = X @ Z @ X.mT
+        ctx = strategies.StepContext(X=X, G=G, mask=mask, loss=loss_of_scores, Z=Z, S0=S0,
+                                     loss0=float(loss_of_scores(S0)), scale=scale, new_scale=scale)
+        return strategies.build_search_problem(strategy, stats, ctx, rank)
+
+
+def loss_along_lambda(prob: strategies.SearchProblem | None, lam_max: float, n: int = 25) -> dict:
     """The actual loss along λ on the fast and on the normal path, and the first-order tangent.
 
     For the report's "loss along λ" figure: ``fast`` is ``L(S − λ X P̂ Xᵀ)``, ``normal``
     is ``L(X T(Z − λP̂) Xᵀ)`` with the strategy's own truncation; ``slope`` is
     ``−⟨G, X P̂ Xᵀ⟩``, so the tangent is ``loss0 + slope · λ``.
     """
-    from strategies.line_search import truncated_scores
-    from strategies.truncation import Metric
-
+    if prob is None:
+        return {}
+    lams = [lam_max * i / (n - 1) for i in range(n)]
     with torch.no_grad():
-        P = strategy.direction(stats)
-        D = X @ P @ X.mT
-        if mask is not None:
-            D = D * mask
-        norm = float(torch.linalg.vector_norm(D))
-        if not norm > 0:
-            return {}
-        P_hat, D_hat = P / norm, D / norm
-        Z = scale * W_Q @ W_K.mT
-        S0 = X @ Z @ X.mT
-        tr = strategy.truncation
-        metric = Metric(stats.mean_A, tr.metric_rtol) if tr.metric else None
-        lams = [lam_max * i / (n - 1) for i in range(n)]
-        fast, normal = [], []
-        for lam in lams:
-            fast.append(float(loss_of_scores(S0 - lam * D_hat)))
-            normal.append(float(loss_of_scores(truncated_scores(X, *tr(Z - lam * P_hat, rank, metric)))))
-        return {"lam": lams, "fast": fast, "normal": normal, "loss0": fast[0],
-                "slope": float(-(G * D_hat).sum())}
+        fast = [float(prob.loss(torch.add(prob.S0, prob.D_hat, alpha=-lam))) for lam in lams]
+        normal = [float(prob.loss(truncated_path(prob, lam))) for lam in lams]
+    return {"lam": lams, "fast": fast, "normal": normal, "loss0": prob.loss0, "slope": prob.slope0}
+
+
+def truncated_path(prob: strategies.SearchProblem, lam: float) -> torch.Tensor:
+    """Scores of the truncated step ``X T_r(Z − λP̂) Xᵀ``, ``(b, d_s, d_s)``."""
+    return strategies.truncated_scores(prob.X, *prob.truncate(prob.Z - lam * prob.P_hat))
+
+
+#: Points and span (in RMS logits per entry) of the dense scan behind path efficiency.
+SCAN_POINTS, SCAN_SPAN = 80, (1e-3, 1e2)
+
+
+def path_efficiency(prob: strategies.SearchProblem | None, decrease: float, lam: float) -> dict:
+    """The step's batch decrease as a share of the best one a dense scan finds along the same truncated path.
+
+    The scan has ``SCAN_POINTS`` log-spaced λ over ``SCAN_SPAN`` RMS logits per entry,
+    widened to ``4 λ`` when the step went further. Returns ``path_efficiency`` (NaN when
+    no λ decreases the loss), ``scan_decrease`` and ``scan_lam``, the scan's best λ.
+    """
+    if prob is None:
+        return {"path_efficiency": math.nan, "scan_decrease": 0.0, "scan_lam": 0.0}
+    lo, hi = SCAN_SPAN[0] * prob.lam_unit, max(SCAN_SPAN[1] * prob.lam_unit, 4 * lam)
+    lams = np.geomspace(lo, hi, SCAN_POINTS)
+    with torch.no_grad():
+        losses = [float(prob.loss(truncated_path(prob, float(x)))) for x in lams]
+    losses = [v if math.isfinite(v) else math.inf for v in losses]
+    i = int(np.argmin(losses))
+    best = prob.loss0 - losses[i]
+    return {"path_efficiency": decrease / best if best > 0 else math.nan, "scan_decrease": max(best, 0.0),
+            "scan_lam": float(lams[i]) if best > 0 else 0.0}
 
 
 def formula_gap(caps) -> dict:
@@ -181,14 +206,24 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
     med = {ph: stats_mod.median(v) for ph, v in times.items()}
     extra = {"info": r.info, "times": times, "spec": r.spec, "dataset": ds.description,
              "dataset_options": ds.options()}
+    scan = {"path_efficiency": math.nan, "scan_decrease": math.nan, "heldout_decrease_at_scan_best": math.nan}
     if isinstance(strategy, strategies.GrowthStrategy):
         stats = strategy.new_statistics()
         for Xi, Gi, mi in caps:
             stats.update(Xi, Gi, mi)
-        extra["lambda_curve"] = loss_along_lambda(
-            strategy, stats, X, G, mask, W_Q, W_K, scale, cfg.d_k + cfg.p, loss_of_scores,
-            lam_max=2.5 * r.lam if r.lam > 0 else 1.0,
-        )
+        prob = search_problem(strategy, stats, X, G, mask, W_Q, W_K, scale, cfg.d_k + cfg.p, loss_of_scores)
+        extra["lambda_curve"] = loss_along_lambda(prob, lam_max=2.5 * r.lam if r.lam > 0 else 1.0)
+        found = path_efficiency(prob, r.loss_before - r.loss_after, r.lam)
+        scan.update(path_efficiency=found["path_efficiency"], scan_decrease=found["scan_decrease"])
+        extra["scan_lam"] = found["scan_lam"]
+        if found["scan_lam"] > 0:
+            with torch.no_grad():
+                U, s, V = prob.truncate(prob.Z - found["scan_lam"] * prob.P_hat)
+                root = s.clamp_min(0).sqrt() / math.sqrt(new_scale)
+            at_best = copy.deepcopy(model)
+            at_best.block.install(0, U * root, V * root)
+            with torch.no_grad():
+                scan["heldout_decrease_at_scan_best"] = heldout_before - float(at_best.loss(test_inputs, test_targets))
         if r.spec == strategies.canonical("formula2"):
             extra["formula_gap"] = formula_gap(caps)
     return {
@@ -207,6 +242,8 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
         "t_loss_eval": stats_mod.median(loss_evals),
         "peak_mem_bytes": mem["peak_bytes"],
         "peak_mem_method": mem["method"],
+        **scan,
+        "host_syncs": int(r.info.get("host_syncs", 0)),
         "extra": extra,
     }
 

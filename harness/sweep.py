@@ -62,6 +62,24 @@ QUICK_SIZES = {
 }
 
 
+#: The scale set: d_e -> (b, d_s, d_k, p), the sizes where downstream code grows attention.
+SCALE_SET = {64: (256, 128, 8, 8), 256: (64, 256, 16, 16), 768: (32, 512, 32, 32), 1024: (16, 1024, 32, 32),
+             4096: (8, 2048, 64, 64)}
+#: Largest width of the scale set measured on CPU (4096 needs a GPU to finish in minutes).
+CPU_MAX_SCALE = 1024
+SCALE_CANDIDATES = ["default", "gram/solve/full+metric/normal:newton", "gram/solve/full+metric/fast:quadratic",
+                    "gram/solve/rsvd+metric/fast:quadratic", "gram/solve/rsvd+metric/fast:bracket",
+                    "gram/solve/full+metric/fast:bracket"]
+
+
+def scale_grids(devices: list[str], widths: list[int] | None = None, **kw) -> list[dict]:
+    """One grid per width of the scale set (teacher, a barely trained student), for ``devices``."""
+    widths = list(SCALE_SET) if widths is None else widths
+    return [dict(strategies=SCALE_CANDIDATES, datasets=["teacher"], d_s=[SCALE_SET[d][1]], d_e=[d],
+                 b=[SCALE_SET[d][0]], d_k=[SCALE_SET[d][2]], p=[SCALE_SET[d][3]], seeds=[0], devices=devices,
+                 n_batches=1, warmup_steps=20, **kw) for d in widths]
+
+
 def sweep_presets() -> dict[str, list[dict]]:
     """Named sweeps: each a list of grids (dicts of lists) whose products are unioned."""
     default = strategies.default_spec()
@@ -72,12 +90,15 @@ def sweep_presets() -> dict[str, list[dict]]:
         return [dict(strategies=scaling, datasets=["teacher"], **{**base, axis: values}, **kw)
                 for axis, values in axes.items()]
 
+    quick = [dict(strategies=ablation, datasets=[name], **sizes, seeds=[0, 1], devices=["cpu"], n_batches=4,
+                  repeats=3, warmup_steps=300) for name, sizes in QUICK_SIZES.items()]
     return {
         "smoke": [dict(strategies=_PRESET_STRATEGIES, datasets=list(DATASET_NAMES), d_s=[16], d_e=[16], b=[16],
                        d_k=[2], p=[2], seeds=[0], devices=["cpu"], n_batches=2, repeats=1, warmup_steps=30)],
+        # The quick ablation on one GPU, plus the scale set up to d_e = 4096.
+        "gpu": [*({**g, "devices": ["cuda"]} for g in quick), *scale_grids(["cuda"], repeats=5)],
         "quick": [
-            *(dict(strategies=ablation, datasets=[name], **sizes, seeds=[0, 1], devices=["cpu"], n_batches=4,
-                   repeats=3, warmup_steps=300) for name, sizes in QUICK_SIZES.items()),
+            *quick,
             *scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
                            {"d_e": [16, 64, 128], "d_s": [8, 64, 128], "b": [16, 128, 256]},
                            seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300),

@@ -1,4 +1,4 @@
-"""Issue 4's speed targets, measured in one process: ``growbench targets``.
+"""The speed and quality targets, measured in one process: ``growbench targets``.
 
 Every figure is a median of repeats after a warm-up; every ratio compares two
 medians taken in the same run, so machine noise affects both sides alike.
@@ -14,9 +14,10 @@ import pandas as pd
 import torch
 
 import strategies
-from strategies._timing import synchronize
+from strategies.timing import synchronize
 
 from .measure import RunConfig, measure
+from .sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET
 
 CANDIDATES = ["formula1", "formula2", "formula3", "formula4", "joint", "default",
               "gram/solve/full+metric/fast:newton", "joint/solve/full+metric/fast:quadratic",
@@ -103,6 +104,50 @@ def statistics_scaling(repeats: int, device: str) -> dict:
     return out
 
 
+def scale_rows(device: str, repeats: int, cache_dir: str | None, widths: list[int] | None = None,
+               candidates: list[str] = SCALE_CANDIDATES) -> pd.DataFrame:
+    """Every candidate at every width of the scale set (teacher, a barely trained student): time against
+    the floor, path efficiency, optimality, held-out decreases and peak memory, one row per (width, candidate)."""
+    if widths is None:
+        widths = [d for d in SCALE_SET if device == "cuda" or d <= CPU_MAX_SCALE]
+    rows = []
+    for d_e in widths:
+        b, d_s, d_k, p = SCALE_SET[d_e]
+        for name in candidates:
+            cfg = RunConfig(strategy=strategies.canonical(name), dataset="teacher", d_s=d_s, d_e=d_e, b=b, d_k=d_k,
+                            p=p, n_batches=1, repeats=repeats, warmup_steps=20, device=device)
+            m = measure(cfg, cache_dir)
+            rows.append({"d_e": d_e, "name": name, "spec": cfg.strategy, "t_total_ms": 1e3 * m["t_total"],
+                         "t_floor_ms": 1e3 * m["t_floor"], "x_floor": m["t_total"] / m["t_floor"],
+                         "path_efficiency": m["path_efficiency"], "optimality": m["optimality"],
+                         "heldout_decrease": m["heldout_decrease"],
+                         "heldout_at_scan_best": m["heldout_decrease_at_scan_best"],
+                         "loss_evals": m["n_loss_evals"], "host_syncs": m["host_syncs"],
+                         "peak_mem_mb": m["peak_mem_bytes"] / 2**20, "fallback": m["fallback"]})
+            print(f"  d_e={d_e} {name}: {rows[-1]['t_total_ms']:.1f} ms ({rows[-1]['x_floor']:.1f}× floor), "
+                  f"path efficiency {rows[-1]['path_efficiency']:.3f}, optimality {rows[-1]['optimality']:.4f}",
+                  flush=True)
+    return pd.DataFrame(rows)
+
+
+def scale_verdicts(rows: pd.DataFrame, device: str) -> list[str]:
+    """The scale set's targets as table lines: default ≤ 3× floor (≤ 8× at d_e = 64) on CUDA, path efficiency
+    ≥ 95%, optimality within 1% of the best candidate, at every width."""
+    lines = []
+    for d_e, g in rows.groupby("d_e"):
+        g = g.set_index("name")
+        d, best = g.loc["default"], g.optimality.max()
+        if device == "cuda" and d_e in (64, 768, 1024, 4096):
+            limit = 8 if d_e == 64 else 3
+            lines.append(f"| cuda d_e={d_e}: default ≤ {limit}× its floor | {d.x_floor:.2f}× ({d.t_total_ms:.1f} vs "
+                         f"{d.t_floor_ms:.2f} ms) | {'yes' if d.x_floor <= limit else 'no'} |")
+        lines.append(f"| {device} d_e={d_e}: default path efficiency ≥ 95% | {100 * d.path_efficiency:.1f}% | "
+                     f"{'yes' if d.path_efficiency >= 0.95 else 'no'} |")
+        lines.append(f"| {device} d_e={d_e}: default optimality within 1% of best | {d.optimality:.4f} vs "
+                     f"{best:.4f} ({g.optimality.idxmax()}) | {'yes' if d.optimality >= 0.99 * best else 'no'} |")
+    return lines
+
+
 class _Lines(list):
     """Lines of the table, printed as they come so a long run shows progress."""
 
@@ -111,10 +156,19 @@ class _Lines(list):
         super().append(line)
 
 
-def run_targets(repeats: int = 5, device: str = "cpu", cache_dir: str | None = "results/cache") -> str:
+def run_targets(repeats: int = 5, device: str = "cpu", cache_dir: str | None = "results/cache",
+                scale: bool = True) -> str:
     """Measure every target (printing each line as it is measured); return the Markdown table."""
     lines = _Lines(["| target | measured | met |", "|---|---|---|"])
     print("\n".join(lines), flush=True)
+    if scale:
+        rows = scale_rows(device, repeats, cache_dir)
+        for line in scale_verdicts(rows, device):
+            lines.append(line)
+        lines.append("")
+        lines.append("```\n" + rows.drop(columns=["spec", "fallback"]).to_string(
+            index=False, float_format=lambda x: f"{x:.4g}") + "\n```")
+        lines.append("")
     for d_e, cands in ((64, CANDIDATES), (256, WIDE_CANDIDATES)):
         g = growth_rows(d_e, repeats, device, cache_dir, cands).set_index("name")
         best = g.optimality.max()

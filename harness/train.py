@@ -30,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import strategies
 from strategies import metrics
-from strategies._timing import synchronize
+from strategies.timing import synchronize
 
 from .env import KeyedConfig
 from .optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter

@@ -16,8 +16,8 @@ See ``../shared/MATH.md`` for the mathematics.
 
 from . import metrics
 from .averaging import Averaging
-from .growth import GrowthStrategy, Strategy
-from .line_search import LineSearch
+from .growth import GrowthStrategy, StepContext, Strategy, build_search_problem
+from .line_search import LineSearch, SearchProblem, truncated_scores
 from .registry import REGISTRY, canonical, default_spec, make, parse, presets, register, specs
 from .result import GrowthResult
 from .statistics import Statistics
@@ -30,9 +30,12 @@ __all__ = [
     "GrowthStrategy",
     "LineSearch",
     "Metric",
+    "SearchProblem",
     "Statistics",
+    "StepContext",
     "Strategy",
     "Truncation",
+    "build_search_problem",
     "canonical",
     "default_spec",
     "make",
@@ -41,4 +44,5 @@ __all__ = [
     "presets",
     "register",
     "specs",
+    "truncated_scores",
 ]

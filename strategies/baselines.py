@@ -16,9 +16,9 @@ import math
 import torch
 from torch import Tensor
 
-from ._timing import timed
 from .growth import Strategy
 from .statistics import Statistics
+from .timing import timed
 
 
 class Baseline(Strategy):

@@ -17,11 +17,11 @@ import torch
 from torch import Tensor
 
 from ._checks import check_batch, check_factors, check_scale
-from ._timing import synchronize, timed
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem
 from .result import GrowthResult
 from .statistics import Statistics
+from .timing import synchronize, timed
 from .truncation import Metric, Truncation
 
 
@@ -53,7 +53,7 @@ class StepContext:
     mask : Tensor or None
         Bool, broadcastable to ``(b, d_s, d_s)``.
     loss : callable
-        The counted ``loss_of_scores``.
+        ``loss_of_scores`` (counted, inside ``grow``).
     Z : Tensor
         ``c W_Q W_Kᵀ``, ``(d_e, d_e)``.
     S0 : Tensor
@@ -77,7 +77,7 @@ class StepContext:
     X: Tensor
     G: Tensor
     mask: Tensor | None
-    loss: _CountedLoss
+    loss: Callable[[Tensor], Tensor]
     Z: Tensor
     S0: Tensor
     loss0: float

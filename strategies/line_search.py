@@ -31,7 +31,7 @@ from scipy.optimize import bracket as scipy_bracket
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
-from ._timing import timed
+from .timing import timed
 
 METHODS = ("grid", "bounded", "newton", "quadratic", "bracket")
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_batch
-from ._timing import timed
+from .timing import timed
 
 
 class Statistics:

@@ -143,7 +143,7 @@ def test_cli_list_json_and_unknown_names(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert {"presets", "strategies", "datasets", "sweep_presets"} <= set(data)
     assert set(data["datasets"]) == {"teacher", "icl-regression", "digits", "text"}
-    assert set(data["sweep_presets"]) == {"smoke", "quick", "full"}
+    assert set(data["sweep_presets"]) == {"smoke", "quick", "gpu", "full"}
     for bad, valid in ((["--preset", "huge"], "smoke"), (["--datasets", "mnist"], "teacher"),
                        (["--strategies", "fomula1"], "formula1")):
         assert cli_main(["run", *bad, "--db", str(tmp_path / "x.sqlite"), "--no-progress"]) == 2
@@ -171,3 +171,15 @@ def test_run_config_key_depends_on_config_and_code_version():
     assert a.key("v1") == RunConfig("default", "teacher", 8, 8, 8, 2, 2).key("v1")
     assert a.key("v1") != a.key("v2")
     assert a.key("v1") != RunConfig("default", "teacher", 8, 8, 8, 2, 2, seed=1).key("v1")
+
+
+def test_gpu_preset_is_the_quick_ablation_plus_the_scale_set_on_cuda():
+    from harness.sweep import SCALE_SET, expand, sweep_presets
+
+    presets = sweep_presets()
+    gpu = expand(presets["gpu"])
+    assert gpu and all(c.device == "cuda" for c in gpu)
+    quick_cpu_ablation = {(c.strategy, c.dataset, c.d_e, c.seed) for c in expand(presets["quick"][:4])}
+    assert quick_cpu_ablation <= {(c.strategy, c.dataset, c.d_e, c.seed) for c in gpu}
+    widths = {c.d_e: (c.b, c.d_s, c.d_k, c.p) for c in gpu if c.dataset == "teacher" and c.n_batches == 1}
+    assert widths == SCALE_SET
