@@ -153,7 +153,7 @@ class Strategy(ABC):
             stats = self.new_statistics().update(X, G, mask)
         with torch.no_grad():
             P = self._direction(stats, [], {})
-        _check_direction(P)
+        _check_direction(bool(torch.isfinite(P).all()))
         return P
 
     def grow(
@@ -253,8 +253,9 @@ class Strategy(ABC):
         )
 
 
-def _check_direction(P: Tensor) -> None:
-    if not bool(torch.isfinite(P).all()):
+def _check_direction(finite: bool) -> None:
+    """Refuse a direction with NaN/Inf entries (``finite`` says whether every entry of ``P`` is finite)."""
+    if not finite:
         raise FloatingPointError("the direction P is not finite: the statistics are degenerate beyond any fallback")
 
 
@@ -352,8 +353,7 @@ def build_search_problem(
         ctx.info["host_syncs"] += metric.host_syncs
         if metric.null_dims:
             ctx.info["metric_null_directions"] = metric.null_dims
-    if not finite:
-        raise FloatingPointError("the direction P is not finite: the statistics are degenerate beyond any fallback")
+    _check_direction(bool(finite))
     if not (norm > 0 and math.isfinite(norm)):
         return None
 

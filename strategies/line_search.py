@@ -193,7 +193,6 @@ class LineSearch(ABC):
         if abs(math.log(ratio)) < math.log(1.5):
             ratio = 2.0 if v1 < f0 else 0.25
         t1, t2 = math.log(lam1), math.log(lam1 * ratio)
-        phi_log(t2)
         try:
             ta, tb, tc, fa, fb, fc, _ = scipy_bracket(phi_log, xa=t1, xb=t2, maxiter=self.max_expand)
             if fb < min(fa, fc):
