@@ -3,14 +3,33 @@
 Growth is measured at a trained point: :func:`trained_model` trains every parameter of
 a fresh model with Adam for ``warmup_steps`` train batches (``index = step``) and caches
 the resulting ``state_dict``. A cache file is keyed by the sha256 of a JSON of every
-setting that affects the weights, written atomically, and checked on load; anything
-wrong with it (unreadable, stale, incompatible) means retrain and overwrite, never fail.
+setting that affects the weights and written atomically.
+
+A cache file is never trusted blindly. With the weights it stores a sha256
+(:func:`checksum`, over the key, the loss and every tensor's bytes in sorted key order)
+and the *check loss*: the trained model's loss on the train batch right after the
+warm-up (``index = warmup_steps``, eval mode). On load, in this order:
+
+1. the file must unpickle (weights only) to a record with this key;
+2. the checksum must match (a flipped bit anywhere in the tensor data);
+3. every weight must be finite;
+4. every weight must be within Adam's reach of its initial value,
+   ``|w - w0| <= ADAM_REACH · lr · warmup_steps`` (+ rounding slack): Adam moves a
+   coordinate by at most ``~7.3 lr`` per step with the default betas (see
+   :data:`ADAM_REACH`), so a larger distance cannot come from this warm-up;
+5. the recomputed check loss must equal the stored one within rounding (weights that
+   are zeroed, or the untrained ones, with a recomputed checksum).
+
+Anything wrong (unreadable, stale, incompatible, or failing a check) means: warn with a
+:class:`CacheWarning` naming the file and the reason, retrain, and overwrite; never
+fail. A warm-up whose weights or check loss are not finite is not cached.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -21,8 +40,27 @@ import torch
 
 from .base import Dataset, GrowthModel
 
-# Bump when a change of the code (datasets, models, warm-up) changes trained weights.
-CACHE_VERSION = 1
+# Bump when a change of the code (datasets, models, warm-up) changes trained weights,
+# or the file format (2: checksum and check loss stored with the weights).
+CACHE_VERSION = 2
+
+# Adam (betas 0.9, 0.999, no weight decay) moves a coordinate by lr·|m̂|/(√v̂ + eps) per
+# step; Cauchy-Schwarz bounds |m|/√v by (1-β1)/√(1-β2)/√(1-β1²/β2) ≈ 7.27, and bias
+# correction never raises that, so after n steps |w - w0| <= 7.27·lr·n. 10 leaves margin.
+ADAM_REACH = 10.0
+# Slack of the reach bound for rounding of the initial weights and of the updates.
+REACH_RTOL, REACH_ATOL = 1e-4, 1e-6
+# Relative tolerance of the recomputed check loss (thread counts change reduction order);
+# widened to 16 ulps of the model's dtype for half precision.
+LOSS_RTOL = 1e-4
+
+
+class CacheWarning(UserWarning):
+    """A warm-up cache file failed a check; it is rebuilt (retrained and overwritten)."""
+
+
+class _Damaged(Exception):
+    """A cache file that exists but must not be used; the message is the reason."""
 
 
 def cache_key(ds: Dataset, d_k: int, *, warmup_steps: int, batch_size: int, lr: float, n_heads: int, bias: bool,
@@ -73,29 +111,142 @@ def warm_up(model: GrowthModel, ds: Dataset, *, steps: int, batch_size: int, lr:
     opt.zero_grad(set_to_none=True)
 
 
-def _load(path: Path, key_json: str, model: GrowthModel, device: torch.device | str) -> bool:
-    """Load a valid cache file into ``model``; False (never raises) if absent, corrupt, stale or incompatible."""
+def checksum(key_json: str, loss: float, state: dict[str, torch.Tensor]) -> str:
+    """sha256 of a cache record: the key, the check loss and every tensor in sorted key order.
+
+    Parameters
+    ----------
+    key_json : str
+        The record's :func:`cache_key`.
+    loss : float
+        The stored check loss (hashed exactly, as ``float.hex``).
+    state : dict[str, Tensor]
+        The ``state_dict``; each entry contributes its name, dtype, shape and raw bytes.
+
+    Returns
+    -------
+    str
+        Hex digest; independent of the tensors' device.
+    """
+    h = hashlib.sha256()
+    h.update(key_json.encode())
+    h.update(float(loss).hex().encode())
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        # Raw bytes through a uint8 view: works for every dtype (numpy has no bfloat16).
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def check_loss(model: GrowthModel, ds: Dataset, *, warmup_steps: int, batch_size: int) -> float:
+    """The model's loss on the train batch right after the warm-up (``index = warmup_steps``).
+
+    Computed in eval mode and without gradients, so that it is a deterministic function of
+    the weights (up to reduction order); the model's mode is restored.
+
+    Returns
+    -------
+    float
+        The loss (may be non-finite for a diverged model).
+    """
+    inputs, targets = ds.batch(batch_size, "train", warmup_steps)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return float(model.loss(inputs, targets))
+    finally:
+        model.train(was_training)
+
+
+def _check_weights(state: dict[str, torch.Tensor], init: dict[str, torch.Tensor], *, reach: float) -> None:
+    """``_Damaged`` unless the cached ``state`` matches ``init``'s entries and is finite and within ``reach``."""
+    if set(state) != set(init):
+        raise _Damaged(f"its tensors ({len(state)}) are not the model's ({len(init)})")
+    for name in sorted(state):
+        t, t0 = state[name], init[name]
+        if not isinstance(t, torch.Tensor) or t.shape != t0.shape or t.dtype != t0.dtype:
+            raise _Damaged(f"tensor {name} has the wrong type, shape or dtype")
+        if not t.is_floating_point():
+            continue
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise _Damaged(f"tensor {name} has {bad} non-finite entries")
+        t0 = t0.to(t.device)
+        dist = (t.double() - t0.double()).abs()
+        allowed = reach + REACH_ATOL + REACH_RTOL * t0.double().abs()
+        if (dist > allowed).any():
+            i = int((dist - allowed).argmax())
+            raise _Damaged(f"tensor {name} is implausible: entry {i} is {t.reshape(-1)[i].item():.4g}, "
+                           f"{dist.reshape(-1)[i].item():.4g} from its initial value, beyond the "
+                           f"{reach:.4g} that the warm-up's Adam steps can reach")
+
+
+def _load(path: Path, key_json: str, model: GrowthModel, device: torch.device | str, ds: Dataset, *,
+          warmup_steps: int, batch_size: int, lr: float) -> bool:
+    """Load a verified cache file into ``model`` (freshly built, untrained).
+
+    Returns
+    -------
+    bool
+        True when loaded; False (never raises) when there is no file, or, with a
+        :class:`CacheWarning` naming the file and the reason, when it fails a check of
+        the module docstring. ``model`` may then hold some of the file's tensors.
+    """
     if not path.is_file():
         return False
     try:
-        blob = torch.load(path, map_location=device, weights_only=True)
-        if not isinstance(blob, dict) or blob.get("key_json") != key_json:
-            return False
-        model.load_state_dict(blob["state_dict"], strict=True)
+        try:
+            blob = torch.load(path, map_location=device, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is rebuilt, whatever the cause
+            raise _Damaged(f"unreadable ({type(e).__name__})") from None
+        if not isinstance(blob, dict) or not isinstance(blob.get("state_dict"), dict):
+            raise _Damaged("not a warm-up cache record")
+        if blob.get("key_json") != key_json:
+            raise _Damaged("its key is not the one of its file name")
+        stored, loss = blob.get("checksum"), blob.get("loss")
+        if not isinstance(stored, str) or not isinstance(loss, float):
+            raise _Damaged("no checksum or check loss")
+        state = blob["state_dict"]
+        if not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise _Damaged("not a warm-up cache record")
+        if checksum(key_json, loss, state) != stored:
+            raise _Damaged("checksum mismatch (the file was modified or damaged)")
+        if not math.isfinite(loss):
+            raise _Damaged(f"stored check loss {loss} is not finite")
+        # model is still the fresh initialisation: the reference of Adam's reach.
+        _check_weights(state, model.state_dict(), reach=ADAM_REACH * lr * warmup_steps)
+        try:
+            model.load_state_dict(state, strict=True)
+            again = check_loss(model, ds, warmup_steps=warmup_steps, batch_size=batch_size)
+        except Exception as e:  # noqa: BLE001 - whatever the cause, the file cannot stand for a warm-up
+            raise _Damaged(f"unusable ({type(e).__name__})") from None
+        rtol = max(LOSS_RTOL, 16 * torch.finfo(model.dtype).eps)
+        if not abs(again - loss) <= rtol * max(1.0, abs(loss)):
+            raise _Damaged(f"implausible weights: check loss {again:.6g}, stored {loss:.6g}")
         return True
-    except Exception:  # noqa: BLE001 - a broken cache file of any kind just means retraining
+    except _Damaged as e:
+        warnings.warn(f"warm-up cache {path}: {e}; retraining and overwriting it", CacheWarning, stacklevel=3)
         return False
 
 
-def _save(path: Path, key_json: str, model: GrowthModel) -> None:
-    """Write atomically: a temp file in the same directory, then ``os.replace``."""
+def _save(path: Path, key_json: str, model: GrowthModel, loss: float) -> None:
+    """Write the weights, their check ``loss`` and checksum atomically: a temp file in the same
+    directory, then ``os.replace``. Non-finite weights or loss are not written (a warning says so)."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if not math.isfinite(loss) or not all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()):
+        # A cache of a diverged warm-up would fail its own check on every load.
+        warnings.warn(f"warm-up diverged (check loss {loss}); not cached in {path}", CacheWarning, stacklevel=3)
+        return
+    record = {"key_json": key_json, "state_dict": state, "loss": float(loss),
+              "checksum": checksum(key_json, loss, state)}
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            torch.save({"key_json": key_json, "state_dict": state}, f)
+            torch.save(record, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -115,7 +266,10 @@ def trained_model(ds: Dataset, d_k: int, *, warmup_steps: int = 200, batch_size:
                   n_heads: int = 1, bias: bool = False, scale_policy: str = "rescale",
                   cache_dir: str | Path | None = "results/cache", dtype: torch.dtype = torch.float32,
                   device: torch.device | str = "cpu") -> GrowthModel:
-    """A model of ``ds`` after the warm-up, from the cache when a valid entry exists.
+    """A model of ``ds`` after the warm-up, from the cache when a verified entry exists.
+
+    A cache file that fails a check (module docstring) is replaced, with a
+    :class:`CacheWarning`, by a fresh warm-up: the result is the same either way.
 
     Parameters
     ----------
@@ -144,10 +298,10 @@ def trained_model(ds: Dataset, d_k: int, *, warmup_steps: int = 200, batch_size:
         return model
     key_json = cache_key(ds, d_k, warmup_steps=warmup_steps, batch_size=batch_size, lr=lr, **build)
     path = cache_path(cache_dir, ds, key_json)
-    if _load(path, key_json, model, device):
+    if _load(path, key_json, model, device, ds, warmup_steps=warmup_steps, batch_size=batch_size, lr=lr):
         return model
     # A failed load_state_dict may have copied some tensors already: start from a clean model.
     model = ds.build_model(d_k, **build)
     warm_up(model, ds, steps=warmup_steps, batch_size=batch_size, lr=lr)
-    _save(path, key_json, model)
+    _save(path, key_json, model, check_loss(model, ds, warmup_steps=warmup_steps, batch_size=batch_size))
     return model

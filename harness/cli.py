@@ -88,9 +88,11 @@ def _grids(args: argparse.Namespace) -> list[dict]:
 def _cmd_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from .db import ResultsDB
     from .sweep import expand, preset_summary, run_sweep, summary
 
     configs = expand(_grids(args))
+    ResultsDB(args.db).close()  # check, create and mark the file before a word is printed or a run measured
     print(f"{len(configs)} runs -> {args.db}", file=sys.stderr)
     frame = run_sweep(configs, args.db, jobs=args.jobs, backend=args.backend, scheduler=args.scheduler,
                       resume=args.resume, retry_failed=args.retry_failed,
@@ -104,24 +106,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(table) else "no results")
     n_failed = int((frame.status != "ok").sum()) if len(frame) else 0
     if n_failed:
+        from .recommend import first_error
+
         first = frame[frame.status != "ok"].iloc[0]
         print(f"{n_failed} failed runs recorded (first: {first.strategy} on {first.dataset}: "
-              f"{str(first.error).splitlines()[0]})", file=sys.stderr)
+              f"{first_error(pd.Series([first.error]))})", file=sys.stderr)
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .db import ResultsDB
+    from .db import read_runs
+    from .dbfile import check_output_file
 
     if not Path(args.db).exists():
         raise ValueError(f"no results database at {args.db}: run 'growbench run' first")
-    with ResultsDB(args.db) as db:
-        frame = db.frame()
     out = args.out or str(Path(args.db).with_suffix("." + args.format))
-    if args.format == "csv":
-        frame.to_csv(out, index=False)
-    else:
-        frame.to_parquet(out, index=False)
+    check_output_file(out)  # before reading: a bad --out is the user's to fix first
+    frame = read_runs(args.db)  # read only: exporting never changes the database
+    try:
+        if args.format == "csv":
+            frame.to_csv(out, index=False)
+        else:
+            frame.to_parquet(out, index=False)
+    except OSError as e:
+        raise ValueError(f"{out}: cannot write the export: {e.strerror or e}") from e
     print(f"{len(frame)} runs -> {out}")
     return 0
 
@@ -148,8 +156,10 @@ def _cmd_example(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from .dbfile import check_output_dir
     from .report import build_report
 
+    check_output_dir(args.out)  # before any work: an existing file or a read-only folder is refused in one line
     done = build_report(args.db, args.out, svg=not args.no_svg, device=args.device)
     print(f"report of {args.db} -> {Path(args.out) / 'report.html'} ({len(done['files'])} files; figures: "
           f"{', '.join(done['figures']) or 'none'})")
@@ -177,6 +187,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from .train_db import TrainDB
     from .train_sweep import run_train_sweep, train_presets, train_summary
 
     presets = train_presets()
@@ -196,6 +207,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             configs = list(dict.fromkeys(dataclasses.replace(c, **{field: v}) for v in values for c in configs))
     if args.device:
         configs = list(dict.fromkeys(dataclasses.replace(c, device=args.device) for c in configs))
+    TrainDB(args.db).close()  # check, create and mark the file before a word is printed or a run trained
     print(f"{len(configs)} training runs -> {args.db}", file=sys.stderr)
     runs = run_train_sweep(configs, args.db, jobs=args.jobs, resume=not args.no_resume,
                            retry_failed=args.retry_failed, progress=not args.no_progress)
@@ -324,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValueError as e:
         print(f"growbench: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # any filesystem failure left unchecked: one line naming the path, not a traceback
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"growbench: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("growbench: interrupted; finished runs are in the database (use --resume)", file=sys.stderr)

@@ -1,5 +1,8 @@
 """The results database: one SQLite row per run, written only by the sweep's parent process.
 
+The file is checked and marked as growbench's when opened (:mod:`harness.dbfile`), and
+the run key is the table's PRIMARY KEY, so a rerun replaces rows and never duplicates them.
+
 Each row is committed as soon as its run finishes (WAL journal), so a killed sweep
 loses at most the runs in flight, and ``--resume`` skips every key already stored.
 """
@@ -11,6 +14,8 @@ import sqlite3
 from pathlib import Path
 
 import pandas as pd
+
+from .dbfile import DatabaseFileError, connect_read, connect_write
 
 # Column name -> SQLite type. Config columns first; their values (and the code version)
 # make the run key.
@@ -36,22 +41,47 @@ COLUMNS = {"key": "TEXT PRIMARY KEY", "status": "TEXT NOT NULL", "error": "TEXT"
            **CONFIG_COLUMNS, **RESULT_COLUMNS, **ENV_COLUMNS}
 
 
+def _create_runs(conn: sqlite3.Connection) -> None:
+    """Create ``runs``, or give a checked older one the columns added since (inside the opening transaction)."""
+    cols = ", ".join(f'"{c}" {t}' for c, t in COLUMNS.items())
+    conn.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
+    have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+    for c, t in COLUMNS.items():
+        if c not in have:  # never "key": a table without it was refused as foreign
+            conn.execute(f'ALTER TABLE runs ADD COLUMN "{c}" {t.replace(" PRIMARY KEY", "").replace(" NOT NULL", "")}')
+
+
+def read_runs(path: str | Path) -> pd.DataFrame:
+    """Every run of an existing results file, read only, after checking that the file is growbench's.
+
+    Empty (no columns) when the file has no ``runs`` table, e.g. training runs only.
+
+    Raises
+    ------
+    DatabaseFileError
+        Missing, foreign, a newer schema, or unreadable; the message names the file.
+    """
+    conn = connect_read(path)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return pd.read_sql_query("SELECT * FROM runs", conn) if "runs" in tables else pd.DataFrame()
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as e:
+        raise DatabaseFileError(f"{path}: cannot read the runs: {e}") from e
+    finally:
+        conn.close()
+
+
 class ResultsDB:
-    """A results database at ``path`` (created with its folder if missing)."""
+    """A results database at ``path`` (created with its folder if missing), opened for writing.
+
+    The file is checked before anything else (:func:`harness.dbfile.connect_write`): a
+    foreign, newer, read-only or unusable file raises :class:`DatabaseFileError` at once,
+    before any measurement, and is left as it was.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        cols = ", ".join(f'"{c}" {t}' for c, t in COLUMNS.items())
-        self.conn.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
-        # Databases written by an older version gain the columns added since.
-        have = {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}
-        for c, t in COLUMNS.items():
-            if c not in have:
-                self.conn.execute(f'ALTER TABLE runs ADD COLUMN "{c}" {t.replace(" PRIMARY KEY", "")}')
-        self.conn.commit()
+        self.conn = connect_write(self.path, _create_runs)
 
     def keys(self, status: str | None = None) -> set[str]:
         """Keys of the stored runs (of one status if given)."""
@@ -64,8 +94,11 @@ class ResultsDB:
         row = {k: (json.dumps(v) if isinstance(v, dict | list) else v) for k, v in row.items() if k in COLUMNS}
         names = ", ".join(f'"{k}"' for k in row)
         marks = ", ".join("?" for _ in row)
-        self.conn.execute(f"INSERT OR REPLACE INTO runs ({names}) VALUES ({marks})", tuple(row.values()))
-        self.conn.commit()
+        try:  # the key is the PRIMARY KEY: a rerun replaces its row, never duplicates it
+            with self.conn:
+                self.conn.execute(f"INSERT OR REPLACE INTO runs ({names}) VALUES ({marks})", tuple(row.values()))
+        except sqlite3.Error as e:  # e.g. the disk filled up, or the file was made read-only mid-sweep
+            raise DatabaseFileError(f"{self.path}: cannot write the run: {e}") from e
 
     def frame(self) -> pd.DataFrame:
         """Every run as a DataFrame."""

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +49,7 @@ from pathlib import Path
 import pandas as pd
 
 import strategies
+from strategies.registry import check_default_choice
 
 TOLERANCE = 0.02
 QUALITY = ("optimality", "heldout_decrease")
@@ -77,35 +77,40 @@ def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total") -> str
 
 # ------------------------------------------------------------------ loading
 def load_frame(db_path: str | Path) -> pd.DataFrame:
-    """Every run of the database (read only). :class:`NoResults` when it is missing or has no run."""
-    from .db import COLUMNS
+    """Every run of the database (read only). :class:`NoResults` when it is missing or has no run.
+
+    A file that is not growbench's raises :class:`harness.dbfile.DatabaseFileError` instead
+    (also a ``ValueError``), naming the file, and the file is left untouched.
+    """
+    from .db import COLUMNS, read_runs
 
     path = Path(db_path)
-    if not path.is_file():
+    if not path.exists():
         raise NoResults(f"no successful runs in {path}: the file does not exist (run 'growbench run' first)")
-    def read(conn) -> pd.DataFrame:
-        try:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            return pd.read_sql_query("SELECT * FROM runs", conn) if "runs" in tables else pd.DataFrame()
-        finally:
-            conn.close()
-
-    try:
-        try:  # read only: the report never changes the database
-            frame = read(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True))
-        except sqlite3.OperationalError:  # e.g. a WAL database whose -shm file cannot be created read-only
-            frame = read(sqlite3.connect(path))
-    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as e:
-        raise NoResults(f"no successful runs in {path}: not a readable results database ({e})") from e
+    frame = read_runs(path)
     if frame.empty:
         raise NoResults(f"no successful runs in {path}: the database has no runs")
     # Databases written before a column existed: add it, empty.
     frame = frame.reindex(columns=list(dict.fromkeys([*COLUMNS, *frame.columns])))
     n_ok = int((frame.status == "ok").sum())
     if n_ok == 0:
-        first = str(frame.error.dropna().iloc[0]).splitlines()[0] if frame.error.notna().any() else "no error stored"
+        first = first_error(frame.error)
         raise NoResults(f"no successful runs in {path}: all {len(frame)} runs failed (first error: {first})")
     return frame
+
+
+def first_error(errors: pd.Series) -> str:
+    """The first line of text of the first stored error, skipping empty ones; a note when none is stored.
+
+    A traceback may start with a blank line, and a failed row may carry an empty string:
+    neither must hide a real message further down.
+    """
+    for err in errors:
+        if isinstance(err, str):
+            for line in err.splitlines():
+                if line.strip():
+                    return line.strip()
+    return "no error message stored with the failed runs"
 
 
 def spec_parts(name) -> dict | None:
@@ -244,7 +249,7 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
     med = growth.groupby(["strategy", "dataset"])[["t_total", "x_floor", *QUALITY]].median()
     failed = frame[frame.status != "ok"].groupby("strategy").size()
     n_runs = frame.groupby("strategy").size()
-    first_error = frame[frame.status != "ok"].groupby("strategy").error.first()
+    first_errors = {s: first_error(e) for s, e in frame[frame.status != "ok"].groupby("strategy").error}
     every_growth = sorted({s for s in frame.strategy.dropna().unique() if is_growth(s)})
     baselines = sorted({s for s in frame.strategy.dropna().unique() if not is_growth(s)})
 
@@ -288,8 +293,7 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
         n_fail = int(failed.get(s, 0))
         reasons = []
         if n_fail:
-            err = str(first_error.get(s) or "").splitlines()[0] if first_error.get(s) else "no error stored"
-            reasons.append(f"failed {n_fail} of {int(n_runs[s])} runs (first: {err})")
+            reasons.append(f"failed {n_fail} of {int(n_runs[s])} runs (first: {first_errors[s]})")
         if missing:
             reasons.append(f"no run on {', '.join(missing)}")
         eligible = not n_fail and not missing
@@ -397,9 +401,22 @@ def default_file() -> Path:
 
 def write_default(rec: Recommendation, db: str | Path, path: str | Path | None = None) -> Path:
     """Write the recommendation to ``strategies/default.json`` (or ``path``); ``strategies.make("default")``
-    reads its ``spec`` key."""
+    reads its ``spec`` key.
+
+    Raises
+    ------
+    ValueError
+        When there is no choice, or it is ``default`` itself or a baseline
+        (:func:`~strategies.registry.check_default_choice`); nothing is written.
+    """
     if rec.spec is None:
         raise ValueError("no strategy to write: no growth strategy is eligible")
     path = Path(path) if path else default_file()
+    try:
+        # The same check as on load: a recursive ("default") or baseline choice would only be
+        # replaced by the built-in default, with a warning, every time the file is read.
+        check_default_choice(rec.spec)
+    except ValueError as e:
+        raise ValueError(f"not written to {path}: {e}") from None
     path.write_text(json.dumps(rec.as_json(str(Path(db).resolve())), indent=2) + "\n")
     return path

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .dbfile import DatabaseFileError, connect_read, connect_write
 from .train import config_fields
 
 SUMMARY_COLUMNS = {
@@ -34,24 +35,29 @@ def _columns() -> dict[str, str]:
 
 
 class TrainDB:
-    """The training tables of a results database at ``path`` (created with its folder if missing)."""
+    """The training tables of a results database at ``path`` (created with its folder if missing).
+
+    The file is checked as :class:`harness.db.ResultsDB` checks it, before any training starts.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path)
-        self.conn.execute("PRAGMA journal_mode=WAL")
         self.columns = _columns()
+        # Checked, created or upgraded, and marked before any training (harness.dbfile).
+        self.conn = connect_write(self.path, self._create)
+
+    def _create(self, conn: sqlite3.Connection) -> None:
+        """Create the training tables, or give checked older ones the columns added since."""
         cols = ", ".join(f'"{c}" {t}'.strip() for c, t in self.columns.items())
-        self.conn.execute(f"CREATE TABLE IF NOT EXISTS train_runs ({cols})")
-        have = {r[1] for r in self.conn.execute("PRAGMA table_info(train_runs)")}
+        conn.execute(f"CREATE TABLE IF NOT EXISTS train_runs ({cols})")
+        have = {r[1] for r in conn.execute("PRAGMA table_info(train_runs)")}
         for c, t in self.columns.items():
-            if c not in have:
-                self.conn.execute(f'ALTER TABLE train_runs ADD COLUMN "{c}" {t.replace(" PRIMARY KEY", "")}')
-        self.conn.execute("CREATE TABLE IF NOT EXISTS train_curves (key TEXT NOT NULL, step INTEGER NOT NULL, "
-                          "wall_s REAL, flops REAL, train_loss REAL, heldout_loss REAL, d_k TEXT, "
-                          "PRIMARY KEY (key, step))")
-        self.conn.commit()
+            if c not in have:  # never "key" or "status": a table without them was refused as foreign
+                conn.execute(f'ALTER TABLE train_runs ADD COLUMN "{c}" '
+                             f'{t.replace(" PRIMARY KEY", "").replace(" NOT NULL", "")}')
+        conn.execute("CREATE TABLE IF NOT EXISTS train_curves (key TEXT NOT NULL, step INTEGER NOT NULL, "
+                     "wall_s REAL, flops REAL, train_loss REAL, heldout_loss REAL, d_k TEXT, "
+                     "PRIMARY KEY (key, step))")
 
     def keys(self, status: str | None = None) -> set[str]:
         """Keys of the stored runs (of one status if given)."""
@@ -65,14 +71,18 @@ class TrainDB:
         vals = {k: (json.dumps(v) if isinstance(v, dict | list) else v) for k, v in row.items() if k in self.columns}
         names = ", ".join(f'"{k}"' for k in vals)
         marks = ", ".join("?" for _ in vals)
-        with self.conn:  # one transaction: the run and its curve land together or not at all
-            self.conn.execute("DELETE FROM train_curves WHERE key = ?", (row["key"],))
-            self.conn.execute(f"INSERT OR REPLACE INTO train_runs ({names}) VALUES ({marks})", tuple(vals.values()))
-            self.conn.executemany(
-                "INSERT INTO train_curves VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(row["key"], c["step"], c["wall_s"], c["flops"], c["train_loss"], c["heldout_loss"],
-                  json.dumps(c["d_k"])) for c in curve],
-            )
+        try:
+            with self.conn:  # one transaction: the run and its curve land together or not at all
+                self.conn.execute("DELETE FROM train_curves WHERE key = ?", (row["key"],))
+                self.conn.execute(f"INSERT OR REPLACE INTO train_runs ({names}) VALUES ({marks})",
+                                  tuple(vals.values()))
+                self.conn.executemany(
+                    "INSERT INTO train_curves VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(row["key"], c["step"], c["wall_s"], c["flops"], c["train_loss"], c["heldout_loss"],
+                      json.dumps(c["d_k"])) for c in curve],
+                )
+        except sqlite3.Error as e:  # e.g. the disk filled up, or the file was made read-only mid-sweep
+            raise DatabaseFileError(f"{self.path}: cannot write the training run: {e}") from e
 
     def runs(self) -> pd.DataFrame:
         """Every training run as a DataFrame."""
@@ -94,13 +104,22 @@ class TrainDB:
 
 
 def load(db_path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(runs, curves)`` of a database; empty frames if it has no training tables."""
+    """``(runs, curves)`` of a database, read only; empty frames if it is missing or has no training tables.
+
+    Raises
+    ------
+    DatabaseFileError
+        The file is not growbench's (foreign, a newer schema, not SQLite); the message names it.
+    """
     path = Path(db_path)
     if not path.exists():
         return pd.DataFrame(), pd.DataFrame()
-    with sqlite3.connect(path) as conn:
+    conn = connect_read(path)
+    try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if "train_runs" not in tables:
             return pd.DataFrame(), pd.DataFrame()
         return (pd.read_sql_query("SELECT * FROM train_runs", conn),
                 pd.read_sql_query("SELECT * FROM train_curves ORDER BY key, step", conn))
+    finally:
+        conn.close()

@@ -7,12 +7,19 @@ A spec names one component per axis::
 
 or a baseline (``random``, ``zero``, ``gradmax``), or a preset name. New components
 are added with :func:`register`.
+
+The ``default`` preset is read from ``strategies/default.json`` and validated on every
+read (:func:`check_default_choice`): a JSON object whose string ``spec`` names a growth
+strategy, never ``default`` itself nor a baseline. A missing or damaged file warns once
+(:class:`DefaultFileWarning`, naming the file and the problem) and falls back to
+:data:`BUILTIN_DEFAULT`, so that every other strategy keeps working.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from importlib import resources
 
 from .averaging import AVERAGINGS
@@ -42,6 +49,16 @@ _PRESETS = {
 }
 
 DEFAULT_FILE = "default.json"
+# Used when default.json is missing or invalid: the committed choice of the quick sweep.
+BUILTIN_DEFAULT = "gram/solve/full+metric/normal:newton"
+
+# (file, problem) pairs already warned about: default_spec() runs on every parse("default"),
+# presets() and list, and one damaged file should produce one warning, not dozens.
+_WARNED: set[tuple[str, str]] = set()
+
+
+class DefaultFileWarning(UserWarning):
+    """``strategies/default.json`` is missing or invalid; the built-in default is used instead."""
 
 
 def register(axis: str, name: str):
@@ -56,10 +73,81 @@ def register(axis: str, name: str):
     return deco
 
 
+def check_default_choice(spec: object) -> str:
+    """The canonical spec of ``spec`` if it may be the ``default`` preset; ``ValueError`` otherwise.
+
+    Parameters
+    ----------
+    spec : object
+        The candidate, e.g. the ``spec`` value of ``default.json``.
+
+    Returns
+    -------
+    str
+        Canonical growth spec (a preset name such as ``formula2`` is resolved).
+
+    Raises
+    ------
+    ValueError
+        One line: not a string, ``default`` itself (it would resolve to itself forever),
+        a baseline (they take no step, and code that reads the default's components
+        expects a growth spec) or not a valid spec.
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f'"spec" must be a string, got {type(spec).__name__}')
+    s = spec.strip().lower()
+    if s == "default":
+        raise ValueError(f'"spec" {spec!r} refers to the default itself (recursive)')
+    try:
+        c = canonical(s)  # s != "default", so this never reads default.json again
+    except ValueError as e:
+        # parse's message lists every valid component: too long for a one-line warning.
+        raise ValueError(str(e).split("; valid specs are")[0]) from None
+    if c in REGISTRY["baseline"]:
+        raise ValueError(f'"spec" {spec!r} is the baseline {c!r}, not a growth strategy')
+    return c
+
+
+def _read_default(path: object) -> str:
+    """The validated spec in the file at ``path`` (a Traversable); ``ValueError`` naming the problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError("file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object with a \"spec\" key, got a JSON {type(data).__name__}")
+    if "spec" not in data:
+        raise ValueError('no "spec" key')
+    return check_default_choice(data["spec"])
+
+
 def default_spec() -> str:
-    """The spec of the ``default`` preset, read from ``strategies/default.json``."""
-    data = json.loads(resources.files(__package__).joinpath(DEFAULT_FILE).read_text())
-    return canonical(data["spec"])
+    """The spec of the ``default`` preset, read from ``strategies/default.json``.
+
+    Returns
+    -------
+    str
+        The file's canonical ``spec``; :data:`BUILTIN_DEFAULT` when the file is missing
+        or invalid, with one :class:`DefaultFileWarning` per file and problem.
+    """
+    path = resources.files(__package__).joinpath(DEFAULT_FILE)
+    try:
+        return _read_default(path)
+    except ValueError as e:
+        problem = str(e).replace("\n", " ")
+        if (str(path), problem) not in _WARNED:
+            _WARNED.add((str(path), problem))
+            # warn_explicit at the file itself, line 0: the default formatter then prints one
+            # line that starts with the file's path, and no source line of registry.py.
+            warnings.warn_explicit(f"{path}: {problem}; using the built-in default {BUILTIN_DEFAULT}",
+                                   DefaultFileWarning, str(path), 0)
+        return BUILTIN_DEFAULT
 
 
 def presets() -> dict[str, str]:

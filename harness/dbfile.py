@@ -1,0 +1,295 @@
+"""Opening growbench's SQLite results files safely: check first, write only to our own files.
+
+A results file is growbench's when its header carries :data:`APPLICATION_ID`
+(``PRAGMA application_id``); ``PRAGMA user_version`` is its schema version,
+:data:`SCHEMA_VERSION` for files this code writes. Both are set in the transaction
+that creates the tables, so no file exists with tables but without the mark.
+
+Files written by growbench before the mark existed (application id 0, user version 0)
+are accepted when they look exactly like what that code wrote: only the tables
+``runs``, ``train_runs`` and ``train_curves``; each keyed by its PRIMARY KEY (every
+growbench version declared ``key`` so, and ``(key, step)`` for curves); a ``status``
+column in the two run tables; and no column growbench never wrote. Such a file is
+marked (and gains the columns added since) the first time a writing command opens
+it; reading commands leave it as it is. Anything else is foreign and is refused
+before it is touched: a file of another application, an unrelated SQLite file, a
+table named ``runs`` of another shape, text, a directory. A newer schema version is
+refused too, since this code cannot know what it means.
+
+Every refusal and every filesystem failure is a :class:`DatabaseFileError`, a
+``ValueError`` whose message is one line that starts with the path, which the command
+line prints and turns into exit status 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+APPLICATION_ID = 0x47726F77  # "Grow"; a signed 32-bit value, as SQLite stores it
+SCHEMA_VERSION = 1
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# Table -> its primary key, as every growbench version declared it.
+PRIMARY_KEYS = {"runs": ("key",), "train_runs": ("key",), "train_curves": ("key", "step")}
+# Seconds a connection waits for another writer's lock (concurrent sweeps on one file).
+TIMEOUT_S = 30.0
+
+
+class DatabaseFileError(ValueError):
+    """A results file growbench refuses to use or cannot use; the message names the file."""
+
+
+def _known_columns(table: str) -> set[str]:
+    """Every column growbench has ever written to ``table`` (columns are only ever added)."""
+    if table == "runs":
+        from .db import COLUMNS
+
+        return set(COLUMNS)
+    if table == "train_runs":
+        from .train_db import _columns  # imports torch: only when an unmarked file has training runs
+
+        return set(_columns())
+    from .train_db import CURVE_COLUMNS
+
+    return {"key", *CURVE_COLUMNS}
+
+
+def _short(names: list[str], n: int = 5) -> str:
+    """``a, b, c`` with at most ``n`` names, so that a refusal stays one readable line."""
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def _table_info(conn: sqlite3.Connection, table: str) -> tuple[list[str], tuple[str, ...]]:
+    """``(column names, primary key columns in key order)`` of ``table``."""
+    info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+    pk = tuple(r[1] for r in sorted((r for r in info if r[5] > 0), key=lambda r: r[5]))
+    return [r[1] for r in info], pk
+
+
+def classify(conn: sqlite3.Connection, path: Path) -> str:
+    """``"current"``, ``"legacy"`` (unmarked, made by older growbench) or ``"empty"``; raise for anything else.
+
+    Only reads: it never changes the file.
+
+    Raises
+    ------
+    DatabaseFileError
+        The file is foreign (another application's, or tables growbench did not make) or of a
+        newer schema version.
+    """
+    app = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    objects = conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+                           ).fetchall()
+    tables = [name for kind, name in objects if kind == "table"]
+    if app == APPLICATION_ID:
+        if version > SCHEMA_VERSION:
+            raise DatabaseFileError(f"{path}: written by a newer growbench (schema version {version}; this one "
+                                    f"knows up to {SCHEMA_VERSION}); upgrade growbench or use another --db")
+        for table in tables:
+            if table in PRIMARY_KEYS and _table_info(conn, table)[1] != PRIMARY_KEYS[table]:
+                raise DatabaseFileError(f"{path}: damaged growbench database: table {table!r} lacks its "
+                                        f"PRIMARY KEY ({', '.join(PRIMARY_KEYS[table])})")
+        return "current"
+    foreign = f"{path}: not a growbench database"
+    if app != 0:
+        raise DatabaseFileError(f"{foreign} (SQLite application_id {app:#x}); refusing to touch it")
+    if version != 0:
+        raise DatabaseFileError(f"{foreign} (user_version {version} without growbench's mark); refusing to touch it")
+    if not objects:
+        return "empty"
+    others = [f"{kind} {name!r}" for kind, name in objects if not (kind == "table" and name in PRIMARY_KEYS)]
+    if others:
+        raise DatabaseFileError(f"{foreign} (it holds {_short(others)}); refusing to touch it")
+    for table in tables:
+        cols, pk = _table_info(conn, table)
+        if pk != PRIMARY_KEYS[table]:
+            raise DatabaseFileError(f"{foreign}: its table {table!r} lacks growbench's PRIMARY KEY "
+                                    f"({', '.join(PRIMARY_KEYS[table])}); refusing to touch it")
+        if table != "train_curves" and "status" not in cols:
+            raise DatabaseFileError(f"{foreign}: its table {table!r} has no status column; refusing to touch it")
+        unknown = [c for c in cols if c not in _known_columns(table)]
+        if unknown:
+            raise DatabaseFileError(f"{foreign}: its table {table!r} has columns growbench never wrote "
+                                    f"({_short(unknown)}); refusing to touch it")
+    return "legacy"
+
+
+def check_file(path: Path) -> None:
+    """Refuse a path that cannot be an SQLite file: a directory, a device, text or other bytes.
+
+    A missing or empty file passes (SQLite treats an empty file as an empty database).
+    """
+    if path.is_dir():
+        raise DatabaseFileError(f"{path}: is a directory, not a database file")
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise DatabaseFileError(f"{path}: is not a regular file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as e:
+        raise DatabaseFileError(f"{path}: cannot read the file: {e.strerror or e}") from e
+    if head and head != SQLITE_MAGIC:
+        raise DatabaseFileError(f"{path}: not an SQLite database (no SQLite header: a text or other file); "
+                                f"refusing to touch it")
+
+
+def _check_writable(path: Path) -> None:
+    """Create the file's folder if missing; refuse a read-only file or folder (SQLite journals next to the file)."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatabaseFileError(f"{path}: cannot create its folder {folder}: {e.strerror or e}") from e
+    if path.exists() and not os.access(path, os.W_OK):
+        raise DatabaseFileError(f"{path}: the database file is read-only")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DatabaseFileError(f"{path}: its folder {folder} is not writable (SQLite writes its journal and "
+                                f"WAL files next to the database)")
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection for reading: read-only if SQLite can, else plain, else immutable.
+
+    SQLite refuses a read-only open of a WAL database whose ``-shm`` file is missing and
+    cannot be created; a plain connection that only reads changes nothing either. In a
+    read-only folder neither can open such a file, and no writer can be at work there, so
+    the file is read as immutable (no locks, no side files).
+    """
+    uri = path.resolve().as_uri()
+    error: sqlite3.OperationalError | None = None
+    for target, uri_mode in ((uri + "?mode=ro", True), (path, False), (uri + "?immutable=1", True)):
+        conn = sqlite3.connect(target, uri=uri_mode, timeout=TIMEOUT_S)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            return conn
+        except sqlite3.OperationalError as e:
+            conn.close()
+            error = e
+    raise error
+
+
+def _inspect(path: Path) -> str:
+    """:func:`classify` an existing file without leaving anything behind.
+
+    A read-only connection to a WAL file leaves ``-wal`` and ``-shm`` files next to it,
+    clutter by a foreign file. With neither a ``-wal`` nor a ``-journal`` file present
+    the main file holds the whole database and no writer is at work, so it is read as
+    immutable: no locks, no side files. Otherwise the ordinary reading connection is used.
+    """
+    quiet = not any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
+    if quiet:
+        conn = sqlite3.connect(path.resolve().as_uri() + "?immutable=1", uri=True)
+    else:
+        conn = _connect_read_only(path)
+    try:
+        return classify(conn, path)
+    finally:
+        conn.close()
+
+
+def connect_read(path: str | Path) -> sqlite3.Connection:
+    """Open an existing results file for reading after checking that it is growbench's.
+
+    Raises
+    ------
+    DatabaseFileError
+        Missing, a directory, not SQLite, foreign, a newer schema, or unreadable.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DatabaseFileError(f"{path}: no such database file")
+    check_file(path)
+    try:
+        _inspect(path)
+        return _connect_read_only(path)
+    except sqlite3.DatabaseError as e:
+        raise DatabaseFileError(f"{path}: not a readable SQLite database ({e})") from e
+
+
+def connect_write(path: str | Path, create: Callable[[sqlite3.Connection], None]) -> sqlite3.Connection:
+    """Open (or create) a results file for writing, before any work: check, create ``create``'s tables, mark.
+
+    The file is inspected read-only first, so that a foreign file is refused without a
+    write lock; then, under the write lock (a concurrent sweep may have created it in
+    between), it is inspected again, ``create(conn)`` makes or upgrades this caller's
+    tables, and the mark and schema version are set, all in one transaction. Setting
+    the version is a write, which proves the file writable before any measurement.
+
+    Parameters
+    ----------
+    path : str or Path
+        The SQLite file; it and its folder are created if missing.
+    create : callable
+        ``create(conn)`` runs ``CREATE TABLE IF NOT EXISTS`` and ``ALTER TABLE ... ADD COLUMN``
+        for the caller's tables, inside the transaction.
+
+    Returns
+    -------
+    sqlite3.Connection
+        In WAL mode, no transaction open.
+
+    Raises
+    ------
+    DatabaseFileError
+        As :func:`connect_read`, plus a read-only file or folder, or any SQLite failure to write.
+    """
+    path = Path(path)
+    check_file(path)
+    if path.is_file() and path.stat().st_size:
+        with contextlib.suppress(sqlite3.DatabaseError):  # e.g. locked: the check under the write lock decides
+            _inspect(path)
+    _check_writable(path)
+    conn = None
+    try:
+        conn = sqlite3.connect(path, timeout=TIMEOUT_S)
+        conn.execute("BEGIN IMMEDIATE")
+        classify(conn, path)
+        create(conn)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.commit()
+        conn.execute("PRAGMA journal_mode=WAL")  # not allowed inside a transaction; the file is ours now
+        return conn
+    except DatabaseFileError:
+        conn.rollback()
+        conn.close()
+        raise
+    except sqlite3.Error as e:
+        if conn is not None:
+            conn.close()
+        raise DatabaseFileError(f"{path}: cannot write the database: {e}") from e
+
+
+def check_output_file(path: str | Path) -> None:
+    """Refuse an output file path whose folder is missing or read-only, or that is a directory."""
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir():
+        raise DatabaseFileError(f"{path}: is a directory; give a file name")
+    if not folder.is_dir():
+        raise DatabaseFileError(f"{path}: its folder {folder} does not exist")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise DatabaseFileError(f"{path}: the file is read-only")
+    if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        raise DatabaseFileError(f"{path}: its folder {folder} is not writable")
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Refuse an output folder path that is a file, or whose nearest existing ancestor is not a writable folder."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DatabaseFileError(f"{path}: exists and is not a folder; give a folder for the output")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DatabaseFileError(f"{path}: cannot be created: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DatabaseFileError(f"{path}: {existing} is not writable")
