@@ -93,3 +93,53 @@ def check_scale(name: str, c: float) -> float:
     if not (c > 0 and c < float("inf")):
         raise ValueError(f"{name} must be a positive finite number, got {c!r}")
     return c
+
+
+#: Inputs of these dtypes are computed in float32 (see :func:`compute_dtype`).
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a strategy computes in for inputs of ``dtype``.
+
+    Parameters
+    ----------
+    dtype : torch.dtype
+        The inputs' dtype.
+
+    Returns
+    -------
+    torch.dtype
+        float32 for float16 and bfloat16, ``dtype`` itself otherwise.
+
+    Notes
+    -----
+    torch has no float16/bfloat16 kernels for the factorisations a strategy needs
+    (Cholesky, eigh, SVD, pinv) on the CPU, and even where it has (CUDA), 3 or 4
+    significant digits would let rounding decide the weak directions of ``E[XᵀX]``.
+    Widening to float32 is exact, so the result is the float32 result of the same inputs.
+    """
+    return torch.float32 if dtype in HALF_DTYPES else dtype
+
+
+def pow2_scale(t: Tensor) -> Tensor:
+    """A power of two within a factor 2 of ``max|t|`` (1 when ``t`` is zero), 0-dim on ``t``'s device.
+
+    Dividing by a power of two is exact (barring underflow), so a quantity linear in
+    ``t`` can be computed on ``t / s`` and multiplied back by ``s`` bit for bit, while its
+    squares (norms, inner products) stay far from float32's overflow and underflow.
+    No host transfer: the scale stays on the device.
+
+    Parameters
+    ----------
+    t : Tensor
+        Finite, non-empty.
+
+    Returns
+    -------
+    Tensor
+        ``2^e`` with ``max|t| ∈ [2^(e-1), 2^e)``, of ``t``'s dtype.
+    """
+    m = t.abs().amax()
+    one = torch.ones_like(m)
+    return torch.where(m > 0, torch.ldexp(one, torch.frexp(m).exponent), one)

@@ -3,6 +3,23 @@
 ``Strategy`` holds what every strategy (including the baselines) shares: input
 validation, statistics, the loss bookkeeping and the result record. ``GrowthStrategy``
 is the functional-gradient growth of MATH §2–5.
+
+Precision and range, the same for every strategy (``Strategy.grow``):
+
+- float16/bfloat16 inputs are computed in float32 and the new factors are returned in
+  the input's dtype. ``loss_of_scores`` still receives scores in the input's dtype (the
+  rest of a half-precision model expects them); its value is widened to float32.
+  ``loss_after`` is the loss at the factors as returned, i.e. after rounding.
+- ``G`` far from 1 in magnitude (beyond ``2^±24``) is divided by a power of two first,
+  which is exact: every direction is linear in ``G``, and the slope and first-order
+  decrease are scaled back. ``P`` and ``X P Xᵀ`` are divided by a power of two near
+  ``max|X P Xᵀ|`` (statistics the caller accumulated from an extreme ``G`` are not
+  rescaled). So neither ``‖X P Xᵀ‖²`` nor ``⟨G, X P Xᵀ⟩`` overflows or underflows float32,
+  which used to end the growth at λ = 0 with the wrong reason "X P Xᵀ = 0".
+- Statistics of another dtype or device than ``X`` are converted to ``X``'s compute
+  dtype and device where they are used.
+- Every tensor returned is detached. A ``loss_after`` that is not finite is recorded in
+  ``fallback`` and flagged by :attr:`GrowthResult.loss_after_finite`.
 """
 
 from __future__ import annotations
@@ -16,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ._checks import check_batch, check_factors, check_scale
+from ._checks import check_batch, check_factors, check_scale, compute_dtype, pow2_scale
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem
 from .result import GrowthResult
@@ -24,22 +41,39 @@ from .statistics import Statistics
 from .timing import synchronize, timed
 from .truncation import Metric, Truncation
 
+#: ``max|G|`` outside this range is rescaled by a power of two before anything is computed from
+#: ``G``: squares of ``2^±24``-sized numbers summed over a batch stay well inside float32's range.
+G_RANGE = (2.0**-24, 2.0**24)
+
 
 class _CountedLoss:
-    """Wraps ``loss_of_scores`` to count its calls and check what it returns."""
+    """Wraps ``loss_of_scores`` to count its calls and check what it returns.
 
-    def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
+    Parameters
+    ----------
+    fn : callable
+        The caller's ``loss_of_scores``.
+    dtype : torch.dtype, optional
+        The dtype ``fn`` receives scores in (the inputs' own, for half-precision inputs
+        computed in float32); the loss is then widened back to the scores' dtype. The casts
+        are differentiable, so the Newton search's derivatives along λ still work.
+    """
+
+    def __init__(self, fn: Callable[[Tensor], Tensor], dtype: torch.dtype | None = None) -> None:
         if not callable(fn):
             raise ValueError(f"loss_of_scores must be callable (scores -> scalar loss), got {type(fn).__name__}")
         self.fn = fn
+        self.dtype = dtype
         self.calls = 0
 
     def __call__(self, S: Tensor) -> Tensor:
         self.calls += 1
-        out = self.fn(S)
+        cast = self.dtype is not None and S.dtype != self.dtype
+        out = self.fn(S.to(self.dtype) if cast else S)
         if not torch.is_tensor(out) or out.numel() != 1:
             raise ValueError(f"loss_of_scores must return a scalar tensor, got {out!r:.80}")
-        return out.reshape(())
+        out = out.reshape(())
+        return out.to(S.dtype) if cast and out.is_floating_point() else out
 
 
 @dataclass
@@ -72,6 +106,9 @@ class StepContext:
         ``Σ_b X_bᵀ G_b X_b`` of this batch when the statistics were built from it alone.
     loss_after : float or None
         Set by a step that has already evaluated the loss at its result.
+    g_scale : float
+        ``G`` here is the caller's ``G`` divided by ``g_scale`` (a power of two, 1 unless
+        the caller's was extreme): quantities in units of ``G`` are multiplied back by it.
     """
 
     X: Tensor
@@ -88,6 +125,7 @@ class StepContext:
     timings: dict[str, float] = field(default_factory=dict)
     M_batch: Tensor | None = None
     loss_after: float | None = None
+    g_scale: float = 1.0
 
 
 class Strategy(ABC):
@@ -140,7 +178,8 @@ class Strategy(ABC):
         Returns
         -------
         Tensor
-            ``(d_e, d_e)``.
+            ``(d_e, d_e)``, in the statistics' dtype: float32 for float16/bfloat16 batches,
+            since ``P`` is a measurement whose range can exceed float16's, not a weight.
         """
         if isinstance(X, Statistics):
             if G is not None:
@@ -174,15 +213,19 @@ class Strategy(ABC):
         Parameters
         ----------
         W_Q, W_K : Tensor
-            Current factors, ``(d_e, d_k)`` (``d_e`` includes the bias column, if any).
+            Current factors, ``(d_e, d_k)`` (``d_e`` includes the bias column, if any), of
+            ``X``'s dtype and device.
         X : Tensor
             Inputs as the projections see them, ``(b, d_s, d_e)``; λ is chosen on this batch.
+            float16 and bfloat16 are computed in float32 (see Notes).
         G : Tensor
-            ``∂L/∂S`` on that batch, ``(b, d_s, d_s)``.
+            ``∂L/∂S`` on that batch, ``(b, d_s, d_s)``, of ``X``'s dtype. Any finite
+            magnitude: an extreme one is rescaled exactly (a power of two) first.
         p : int
             New columns; ``d_k + p ≤ d_e``.
         loss_of_scores : callable
             Scores ``(b, d_s, d_s)`` -> scalar loss of the rest of the model on that batch.
+            The scores always have ``X``'s dtype, also for half-precision inputs.
         scale : float, optional
             Current ``c`` (default ``1/sqrt(d_k)``).
         new_scale : float, optional
@@ -192,11 +235,29 @@ class Strategy(ABC):
             Bool ``(d_s, d_s)`` or ``(b, d_s, d_s)``, True where attended.
         stats : Statistics, optional
             Statistics from any number of batches; the direction comes from them
-            instead of from ``(X, G)`` alone.
+            instead of from ``(X, G)`` alone. Their dtype and device may differ from
+            ``X``'s: the direction made from them is converted.
 
         Returns
         -------
         GrowthResult
+            Detached tensors of ``X``'s dtype. ``loss_after`` is the loss at the factors
+            as returned; if it is not finite, ``fallback`` says so and
+            ``loss_after_finite`` is False.
+
+        Raises
+        ------
+        ValueError
+            Bad input, or a loss that is not finite at the current scores.
+        FloatingPointError
+            New factors that are not finite (or overflow the input's dtype).
+
+        Notes
+        -----
+        Half precision: every computation runs in float32 on the widened inputs, so the
+        direction, λ and the factors before rounding are the float32 result of the same
+        inputs; only the loss evaluations (in the caller's precision) and the final rounding
+        differ. ``info["loss_after_float32"]`` keeps the step's loss before that rounding.
         """
         t_start = time.perf_counter()
         mask = check_batch(X, G, mask)
@@ -205,7 +266,18 @@ class Strategy(ABC):
             raise ValueError(f"W_Q/W_K ({W_Q.dtype}, {W_Q.device}) must match X ({X.dtype}, {X.device})")
         scale = check_scale("scale", 1.0 / math.sqrt(max(d_k, 1)) if scale is None else scale)
         new_scale = check_scale("new_scale", scale if new_scale is None else new_scale)
-        loss = _CountedLoss(loss_of_scores)
+        out_dtype = X.dtype
+        cdt = compute_dtype(out_dtype)
+        # The loss sees scores in the caller's dtype whatever the compute dtype: a half-precision
+        # model's rest (values, projections) cannot take float32 scores.
+        loss = _CountedLoss(loss_of_scores, out_dtype)
+        # Detached: the inputs are data here, and a result must never carry the caller's graph.
+        X, G, W_Q, W_K = (t.detach().to(cdt) for t in (X, G, W_Q, W_K))
+        g_max = float(G.abs().amax())
+        g_scale = 1.0
+        if g_max > 0 and not (G_RANGE[0] <= g_max <= G_RANGE[1]):
+            g_scale = float(pow2_scale(G))
+            G = G / g_scale  # exact: a power of two
         own_stats = stats is None
         stats = self._stats(X, G, mask, stats)
         with torch.no_grad():
@@ -216,12 +288,24 @@ class Strategy(ABC):
             raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
         ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
                           log=list(stats.log), timings={"statistics": stats.elapsed},
-                          M_batch=stats.sum_M if own_stats else None)
+                          M_batch=stats.sum_M if own_stats else None, g_scale=g_scale)
+        if g_scale != 1.0:
+            ctx.info["g_scale"] = g_scale
         W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p)
         log, info, timings = ctx.log, ctx.info, ctx.timings
         for name, W in (("W_Q", W_Q2), ("W_K", W_K2)):
             if not bool(torch.isfinite(W).all()):
                 raise FloatingPointError(f"{self.spec}: new {name} is not finite (fallbacks: {log})")
+        W_Q_out, W_K_out = W_Q2.detach().to(out_dtype), W_K2.detach().to(out_dtype)
+        if out_dtype != cdt:
+            for name, W, W_out in (("W_Q", W_Q2, W_Q_out), ("W_K", W_K2, W_K_out)):
+                if not bool(torch.isfinite(W_out).all()):
+                    raise FloatingPointError(
+                        f"{self.spec}: new {name} overflows {out_dtype} (max |entry| {float(W.abs().amax()):.3g})")
+            # Report what the caller gets: the loss and dZ of the rounded factors.
+            if ctx.loss_after is not None:
+                info[f"loss_after_{str(cdt).removeprefix('torch.')}"] = ctx.loss_after
+            W_Q2, W_K2, ctx.loss_after = W_Q_out.to(cdt), W_K_out.to(cdt), None
         with torch.no_grad():
             dZ = new_scale * W_Q2 @ W_K2.mT - Z
             if ctx.loss_after is not None:
@@ -234,13 +318,16 @@ class Strategy(ABC):
             if M is None:
                 Gm = G if mask is None else G.masked_fill(~mask, 0.0)
                 M = X.reshape(-1, X.shape[-1]).mT @ (Gm @ X).reshape(-1, X.shape[-1])
-            first_order = float(-(M * dZ).sum())
+            first_order = float(-(M * dZ).sum()) * g_scale
+        if not math.isfinite(loss_after):
+            # Never a silent NaN: the record says so, and GrowthResult.loss_after_finite is False.
+            log.append(f"loss: loss_of_scores returned {loss_after} at the new factors (λ = {lam:.3g})")
         synchronize(X.device)
         timings["total"] = time.perf_counter() - t_start + (timings["statistics"] if not own_stats else 0.0)
         return GrowthResult(
-            W_Q=W_Q2,
-            W_K=W_K2,
-            dZ=dZ,
+            W_Q=W_Q_out,
+            W_K=W_K_out,
+            dZ=dZ.detach().to(out_dtype),
             lam=float(lam),
             first_order_decrease=first_order,
             loss_before=loss0,
@@ -293,8 +380,7 @@ class GrowthStrategy(Strategy):
             prob = build_search_problem(self, stats, ctx, rank)
         ctx.timings.setdefault("line_search", 0.0)
         ctx.timings.setdefault("truncation", 0.0)
-        if prob is None:
-            ctx.log.append("direction: X P Xᵀ = 0 (G has no component any dZ can reach); λ = 0")
+        if prob is None:  # the builder has logged why
             with timed(ctx.timings, "truncation", ctx.X.device), torch.no_grad():
                 U, s, V = self.truncation(ctx.Z, rank, None)
             lam = 0.0
@@ -332,20 +418,36 @@ def build_search_problem(
     Returns
     -------
     SearchProblem or None
-        None when ``X P Xᵀ = 0`` on the batch: no step can reach ``G``.
+        None, with the reason appended to ``ctx.log``, when ``X P Xᵀ = 0`` on the batch (no
+        step can reach ``G``) or when it overflows ``X``'s dtype.
+
+    Notes
+    -----
+    ``P`` and ``D`` are divided by a power of two near ``max|D|`` (exact) so that the norm
+    and the slope neither overflow nor underflow; the slope is in units of the caller's
+    ``G`` (``ctx.G · ctx.g_scale``).
     """
     X, mask = ctx.X, ctx.mask
-    P = strategy._direction(stats, ctx.log, ctx.info)
-    metric = Metric(stats.mean_A, strategy.truncation.metric_rtol) if strategy.truncation.metric else None
+    # Statistics may hold another dtype or device than the batch (accumulated in float64, or
+    # on another device): the direction and the metric are used with X, so they follow it.
+    P = strategy._direction(stats, ctx.log, ctx.info).to(dtype=X.dtype, device=X.device)
+    metric = (Metric(stats.mean_A.to(dtype=X.dtype, device=X.device), strategy.truncation.metric_rtol)
+              if strategy.truncation.metric else None)
+    finite_t = torch.isfinite(P).all()
     D = X @ P @ X.mT
     if mask is not None:
         D.mul_(mask)
+    # D has G's scale: ‖D‖² and ⟨G, D⟩ overflow or underflow float32 for an extreme one (from
+    # statistics the caller accumulated). Dividing D and P by one power of two is exact and
+    # leaves P̂ = P / ‖D‖, D̂ and the slope bit for bit unchanged: they are scale-free.
+    s = pow2_scale(D)
+    P, D = P / s, D.div_(s)
     norm_t = torch.linalg.vector_norm(D)
     slope_t = -torch.dot(ctx.G.reshape(-1), D.reshape(-1))
     n_entries_t = mask.expand(X.shape[0], -1, -1).sum() if mask is not None else torch.tensor(D.numel())
     # One host transfer for the four numbers the step must decide on.
     finite, norm, slope, n_entries = torch.stack([
-        torch.isfinite(P).all().to(D.dtype), norm_t, slope_t, n_entries_t.to(device=D.device, dtype=D.dtype),
+        finite_t.to(D.dtype), norm_t, slope_t, n_entries_t.to(device=D.device, dtype=D.dtype),
     ]).tolist()
     ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + 1 + ctx.info.pop("factor_host_syncs", 0)
     if metric is not None:
@@ -354,7 +456,12 @@ def build_search_problem(
         if metric.null_dims:
             ctx.info["metric_null_directions"] = metric.null_dims
     _check_direction(bool(finite))
-    if not (norm > 0 and math.isfinite(norm)):
+    if not math.isfinite(norm):
+        # Not "no reachable component": the inputs are too large for the dtype at any step size.
+        ctx.log.append(f"direction: X P Xᵀ overflows {X.dtype} (|X| up to {float(X.abs().amax()):.3g}); λ = 0")
+        return None
+    if not norm > 0:
+        ctx.log.append("direction: X P Xᵀ = 0 (G has no component any dZ can reach); λ = 0")
         return None
 
     def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -362,5 +469,6 @@ def build_search_problem(
 
     return SearchProblem(
         loss=ctx.loss, X=X, Z=ctx.Z, P_hat=P / norm, S0=ctx.S0, D_hat=D.div_(norm), loss0=ctx.loss0,
-        truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope / norm, timings=ctx.timings,
+        truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope / norm * ctx.g_scale,
+        timings=ctx.timings,
     )

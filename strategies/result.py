@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -11,18 +12,24 @@ from torch import Tensor
 class GrowthResult:
     """What one growth produced and what it cost.
 
+    Every tensor is detached and has the dtype of the inputs (float16/bfloat16 included,
+    though computed in float32).
+
     Attributes
     ----------
     W_Q, W_K : Tensor
         New factors, ``(d_e, d_k + p)``, with ``new_scale · W_Q W_Kᵀ = Z'``.
     dZ : Tensor
-        ``Z' − Z``, ``(d_e, d_e)``.
+        ``Z' − Z``, ``(d_e, d_e)``, of the factors as returned.
     lam : float
         Step along the normalised direction (0 for baselines).
     first_order_decrease : float
-        ``−⟨G, X dZ Xᵀ⟩`` on the batch given to ``grow``.
+        ``−⟨G, X dZ Xᵀ⟩`` on the batch given to ``grow`` (computed before ``dZ`` is
+        rounded to a half-precision input's dtype).
     loss_before, loss_after : float
-        ``loss_of_scores`` at the current and at the new scores.
+        ``loss_of_scores`` at the current and at the new scores (those of the factors as
+        returned). ``loss_after`` may be NaN or Inf only with a ``fallback`` entry saying
+        so; see :attr:`loss_after_finite`.
     n_loss_evals : int
         Calls of ``loss_of_scores`` (an AD pass of the Newton search counts as one).
     fallback : list of str
@@ -33,7 +40,9 @@ class GrowthResult:
     spec : str
         Canonical spec of the strategy.
     info : dict
-        Solver diagnostics (CG iterations and residual, Newton proposal...).
+        Solver diagnostics (CG iterations and residual, Newton proposal...); ``g_scale``
+        when an extreme ``G`` was rescaled by that power of two; ``loss_after_float32``,
+        the step's loss before a half-precision input's rounding.
     """
 
     W_Q: Tensor
@@ -48,3 +57,8 @@ class GrowthResult:
     timings: dict[str, float] = field(default_factory=dict)
     spec: str = ""
     info: dict = field(default_factory=dict)
+
+    @property
+    def loss_after_finite(self) -> bool:
+        """False when ``loss_after`` is NaN or Inf: the growth must not be trusted (see ``fallback``)."""
+        return math.isfinite(self.loss_after)
