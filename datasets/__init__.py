@@ -12,16 +12,41 @@ from .base import Dataset, GrowthModel, sinusoidal_encoding
 from .cache import CACHE_VERSION, trained_model
 from .digits import DigitsDataset
 from .icl_regression import ICLRegressionDataset
+from .minilm import MiniLMRecoveryDataset, MiniLMSimilarityDataset
 from .teacher import TeacherDataset
 from .text import TextDataset
 
 DATASETS: dict[str, type[Dataset]] = {
-    cls.name: cls for cls in (TeacherDataset, ICLRegressionDataset, DigitsDataset, TextDataset)
+    cls.name: cls for cls in (TeacherDataset, ICLRegressionDataset, DigitsDataset, TextDataset,
+                              MiniLMRecoveryDataset, MiniLMSimilarityDataset)
 }
+#: Datasets of a real pretrained model: fixed width (d_e = 384), so not in the synthetic size grids.
+PRETRAINED_DATASETS = (MiniLMRecoveryDataset.name, MiniLMSimilarityDataset.name)
+
+
+def parse_dataset(spec: str) -> tuple[str, dict[str, str]]:
+    """Split ``"name:key=value:key=value"`` into the registry name and its options (values as strings).
+
+    Raises
+    ------
+    ValueError
+        An option without ``=``.
+    """
+    name, *pairs = spec.split(":")
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"dataset {spec!r}: option {pair!r} is not key=value")
+        options[key] = value
+    return name, options
 
 
 def make_dataset(name: str, d_e: int, d_s: int, seed: int = 0, **options: Any) -> Dataset:
     """Build the dataset registered as ``name``.
+
+    ``name`` may carry options, ``"minilm-recovery:layer=3:head=7"``; keyword
+    ``options`` override them.
 
     Raises
     ------
@@ -29,6 +54,8 @@ def make_dataset(name: str, d_e: int, d_s: int, seed: int = 0, **options: Any) -
         Unknown ``name`` (the message lists the valid names), or unsupported
         ``d_e``/``d_s``/options.
     """
+    name, inline = parse_dataset(name)
+    options = {**inline, **options}
     try:
         cls = DATASETS[name]
     except KeyError:
@@ -43,9 +70,13 @@ __all__ = [
     "DigitsDataset",
     "GrowthModel",
     "ICLRegressionDataset",
+    "MiniLMRecoveryDataset",
+    "MiniLMSimilarityDataset",
+    "PRETRAINED_DATASETS",
     "TeacherDataset",
     "TextDataset",
     "make_dataset",
+    "parse_dataset",
     "sinusoidal_encoding",
     "trained_model",
 ]

@@ -7,22 +7,90 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import strategies
 
+from .env import DEFAULT_THREADS
+from .validate import ConfigError
+
+# The option that sets each configuration field a ConfigError can name, per command (the rest are
+# "--" + field with dashes). Training sizes come from the preset only.
+_PLURAL = {"strategy": "--strategies", "dataset": "--datasets", "seed": "--seeds", "method": "--methods"}
+_OPTIONS = {
+    "run": {**_PLURAL, "device": "--devices", "d_k+p": "--d-k/--p", "memory": "--b/--d-s/--d-e/--n-batches",
+            "dtype": "--preset", "scale_policy": "--preset"},
+    "train": {**_PLURAL, **dict.fromkeys(("d_s", "d_e", "b", "d_k0", "d_k_max", "p", "n_heads", "stats_batches",
+                                          "steps", "dtype", "memory"), "--preset")},
+    "example": {"d_k+p": "--d-k/--p", "memory": "--b/--d-s/--d-e"},
+}
+# What to do after an interrupt, per command: finished runs are stored either way.
+_RESUME_HINT = {"run": "rerun with --resume to skip them",
+                "train": "rerun the same command to skip them: train resumes unless given --no-resume"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (exit 2), like every other refusal."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``<prog>: error: <message>`` and exit with status 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def _csv(kind):
-    """An argparse type for comma-separated lists of ``kind``."""
+    """An argparse type for comma-separated, non-empty lists of ``kind``."""
 
     def parse(text: str) -> list:
         try:
-            return [kind(x) for x in text.split(",") if x.strip()]
+            values = [kind(x) for x in text.split(",") if x.strip()]
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from e
+        if not values:  # an empty list would make a sweep of nothing, silently
+            raise argparse.ArgumentTypeError(f"expected a non-empty comma-separated list, got {text!r}")
+        return values
 
     return parse
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type for integers ``>= minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _float_at_least(minimum: float, strict: bool = False) -> Callable[[str], float]:
+    """An argparse type for finite numbers ``>= minimum`` (``> minimum`` when ``strict``)."""
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _option(command: str, field: str) -> str:
+    """The option of ``command`` that sets configuration ``field`` (for a one-line refusal)."""
+    return _OPTIONS.get(command, {}).get(field, "--" + field.replace("_", "-"))
 
 
 def _datasets() -> dict[str, str]:
@@ -90,13 +158,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .db import ResultsDB
     from .sweep import expand, preset_summary, run_sweep, summary
+    from .validate import check_runs
 
     configs = expand(_grids(args))
+    # Every run is checked before the database is touched. Devices named on the command line must be
+    # present; a preset's cuda runs are skipped on a machine without a GPU, as documented.
+    check_runs(configs, jobs=args.jobs, max_memory=args.max_memory, strict_devices=args.devices is not None)
     ResultsDB(args.db).close()  # check, create and mark the file before a word is printed or a run measured
     print(f"{len(configs)} runs -> {args.db}", file=sys.stderr)
     frame = run_sweep(configs, args.db, jobs=args.jobs, backend=args.backend, scheduler=args.scheduler,
                       resume=args.resume, retry_failed=args.retry_failed,
-                      cache_dir=None if args.no_cache else args.cache_dir, progress=not args.no_progress)
+                      cache_dir=None if args.no_cache else args.cache_dir, progress=not args.no_progress,
+                      threads=args.threads, max_memory=args.max_memory)
     table = summary(frame)
     if len(table) > 40:
         print(f"{len(table)} strategy × dataset lines; the presets follow (growbench export for everything)")
@@ -137,13 +210,22 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_example(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from .env import torch_threads
     from .example import run_example
+    from .validate import check_example
 
     names = args.presets.split(",") if args.presets else None
     for n in names or []:
-        strategies.parse(n)  # unknown names fail before any work, with the valid list
-    df = run_example(b=args.b, d_s=args.d_s, d_e=args.d_e, d_k=args.d_k, p=args.p, cond=args.cond,
-                     repeats=args.repeats, seed=args.seed, device=args.device, names=names)
+        try:
+            strategies.parse(n)  # unknown names fail before any work, with the valid list
+        except ValueError as e:
+            raise ConfigError("presets", str(e)) from None
+    check_example(b=args.b, d_s=args.d_s, d_e=args.d_e, d_k=args.d_k, p=args.p, cond=args.cond,
+                  repeats=args.repeats, device=args.device, max_memory=args.max_memory)
+    with torch_threads(args.threads):
+        df = run_example(b=args.b, d_s=args.d_s, d_e=args.d_e, d_k=args.d_k, p=args.p, cond=args.cond,
+                         repeats=args.repeats, seed=args.seed, device=args.device, names=names,
+                         max_memory=args.max_memory)
     print("problem:", ", ".join(f"{k}={v}" for k, v in df.attrs["problem"].items()))
     print(f"bottleneck ‖ΠG‖/‖G‖ = {df.attrs['bottleneck']:.4f}")
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
@@ -187,12 +269,25 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from .train import FIXED_METHODS
     from .train_db import TrainDB
     from .train_sweep import run_train_sweep, train_presets, train_summary
+    from .validate import check_device, check_train_configs, dataset_class
 
     presets = train_presets()
     if args.preset not in presets:
-        raise ValueError(f"unknown training preset {args.preset!r}; valid: {', '.join(presets)}")
+        raise ConfigError("preset", f"unknown training preset {args.preset!r}; valid: {', '.join(presets)}")
+    for m in args.methods or []:
+        if m not in FIXED_METHODS:
+            try:
+                strategies.canonical(m)
+            except ValueError as e:
+                raise ConfigError("method", f"unknown training method {m!r}: {e}; "
+                                            f"or one of {', '.join(FIXED_METHODS)}") from None
+    for d in args.datasets or []:
+        dataset_class(d)
+    if args.device:
+        check_device(args.device)
     configs = presets[args.preset]
     if args.methods:
         # The preset's runs of these methods, plus each other method in the preset's plain design.
@@ -207,10 +302,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
             configs = list(dict.fromkeys(dataclasses.replace(c, **{field: v}) for v in values for c in configs))
     if args.device:
         configs = list(dict.fromkeys(dataclasses.replace(c, device=args.device) for c in configs))
+    check_train_configs(configs, jobs=args.jobs, max_memory=args.max_memory, strict_devices=bool(args.device))
     TrainDB(args.db).close()  # check, create and mark the file before a word is printed or a run trained
     print(f"{len(configs)} training runs -> {args.db}", file=sys.stderr)
     runs = run_train_sweep(configs, args.db, jobs=args.jobs, resume=not args.no_resume,
-                           retry_failed=args.retry_failed, progress=not args.no_progress)
+                           retry_failed=args.retry_failed, progress=not args.no_progress, threads=args.threads,
+                           max_memory=args.max_memory)
     table = train_summary(runs)
     if not table.empty:
         print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
@@ -218,12 +315,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
-    from .targets import run_targets
+    import torch
 
-    table = run_targets(repeats=args.repeats, device=args.device, cache_dir=args.cache_dir,
-                        scale=not args.skip_scale)
+    from .env import device_name, torch_threads
+    from .targets import run_targets
+    from .validate import check_device
+
+    check_device(args.device)
+    with torch_threads(args.threads):
+        # Every figure below depends on the thread count: say it first, and in the written table.
+        where = (f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.device} "
+                 f"({device_name(args.device)})")
+        print(where, flush=True)
+        table = run_targets(repeats=args.repeats, device=args.device, cache_dir=args.cache_dir,
+                            scale=not args.skip_scale)
     if args.out:
-        Path(args.out).write_text(table + "\n")
+        Path(args.out).write_text(f"{where}\n\n{table}\n")
     return 0
 
 
@@ -231,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``growbench``."""
     from .sweep import DEFAULT_CACHE, DEFAULT_DB
 
-    parser = argparse.ArgumentParser(prog="growbench", description="Benchmark strategies that grow attention's d_k.")
+    parser = _Parser(prog="growbench", description="Benchmark strategies that grow attention's d_k.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_list = sub.add_parser("list", help="list strategies, presets, datasets and sweep presets")
@@ -248,15 +355,16 @@ def build_parser() -> argparse.ArgumentParser:
                        ("d-k", "initial query/key widths"), ("p", "columns added"), ("seeds", "seeds")):
         p_run.add_argument(f"--{axis}", dest=axis.replace("-", "_"), type=_csv(int), help=f"comma-separated {what}")
     p_run.add_argument("--devices", type=_csv(str), help="comma-separated devices (cpu, cuda)")
-    p_run.add_argument("--n-batches", type=int, help="batches of statistics per run")
-    p_run.add_argument("--repeats", type=int, help="timed repeats per run (median reported)")
-    p_run.add_argument("--warmup-steps", type=int, help="training steps before growth")
+    p_run.add_argument("--n-batches", type=_int_at_least(1), help="batches of statistics per run")
+    p_run.add_argument("--repeats", type=_int_at_least(1), help="timed repeats per run (median reported)")
+    p_run.add_argument("--warmup-steps", type=_int_at_least(0), help="training steps before growth")
     p_run.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
     p_run.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
     p_run.add_argument("--no-cache", action="store_true", help="retrain every model, cache nothing")
     p_run.add_argument("--resume", action="store_true", help="skip runs already in the database")
     p_run.add_argument("--retry-failed", action="store_true", help="with --resume, run stored failures again")
-    p_run.add_argument("--jobs", type=int, default=1, help="parallel workers (joblib backend)")
+    p_run.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel workers (joblib backend)")
+    _threads_and_memory(p_run)
     p_run.add_argument("--backend", default="joblib", choices=["joblib", "dask"])
     p_run.add_argument("--scheduler", help="Dask scheduler address (dask backend; default: a local cluster)")
     p_run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -273,9 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_tr.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
     p_tr.add_argument("--device", help="cpu or cuda (default: the preset's, cpu)")
     p_tr.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    p_tr.add_argument("--no-resume", action="store_true", help="rerun runs already in the database")
+    resume = p_tr.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true", help="skip runs already in the database (the default)")
+    resume.add_argument("--no-resume", action="store_true", help="rerun runs already in the database")
     p_tr.add_argument("--retry-failed", action="store_true", help="run stored failures again")
-    p_tr.add_argument("--jobs", type=int, default=1, help="parallel workers (joblib)")
+    p_tr.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel workers (joblib)")
+    _threads_and_memory(p_tr)
     p_tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_tr.set_defaults(func=_cmd_train)
 
@@ -286,12 +397,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_exp.set_defaults(func=_cmd_export)
 
     p_tg = sub.add_parser("targets", help="measure the speed and quality targets in one process, as a Markdown table")
-    p_tg.add_argument("--repeats", type=int, default=5, help="timed repeats per figure (median reported)")
+    p_tg.add_argument("--repeats", type=_int_at_least(1), default=5,
+                      help="timed repeats per figure (median reported)")
     p_tg.add_argument("--device", default="cpu", help="cpu or cuda")
     p_tg.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
     p_tg.add_argument("--skip-scale", action="store_true",
                       help="leave out the scale set (d_e 64..1024 on cpu, 64..4096 on cuda)")
     p_tg.add_argument("--out", help="also write the Markdown table to this file")
+    _threads_and_memory(p_tg, memory=False)
     p_tg.set_defaults(func=_cmd_targets)
 
     p_ex = sub.add_parser("example", help="grow the reference block once with every preset and print a table")
@@ -300,12 +413,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_ex.add_argument("--d-e", type=int, default=64, help="embedding width (default 64)")
     p_ex.add_argument("--d-k", type=int, default=8, help="student's query/key width (default 8)")
     p_ex.add_argument("--p", type=int, default=8, help="columns to add (default 8)")
-    p_ex.add_argument("--cond", type=float, default=100.0, help="condition number of the input covariance")
-    p_ex.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up (median reported)")
+    p_ex.add_argument("--cond", type=_float_at_least(1), default=100.0,
+                      help="condition number of the input covariance, finite and >= 1 (default 100)")
+    p_ex.add_argument("--repeats", type=_int_at_least(1), default=5,
+                      help="timed repeats after one warm-up (median reported)")
     p_ex.add_argument("--seed", type=int, default=0)
     p_ex.add_argument("--device", default="cpu", help="cpu or cuda")
     p_ex.add_argument("--presets", default="", help="comma-separated preset names or specs (default: every preset)")
     p_ex.add_argument("--json", default="", help="also write the table to this JSON file")
+    _threads_and_memory(p_ex)
     p_ex.set_defaults(func=_cmd_example)
 
     p_rep = sub.add_parser("report", help="write the ablation report (HTML, Markdown, figures, CSV)")
@@ -318,8 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_rec = sub.add_parser("recommend", help="choose the default strategy from the results by a documented rule")
     p_rec.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
     p_rec.add_argument("--device", help="device whose runs count (default: the most frequent)")
-    p_rec.add_argument("--tolerance", type=float, default=0.02,
-                       help="quality tolerance as a fraction of |best| (default 0.02, the documented rule)")
+    p_rec.add_argument("--tolerance", type=_float_at_least(0), default=0.02,
+                       help="quality tolerance as a fraction of |best|, finite and >= 0 "
+                            "(default 0.02, the documented rule)")
     p_rec.add_argument("--time", choices=["t_total", "x_floor"], default="t_total",
                        help="rank by median t_total (the rule) or by t_total/t_floor (robust to a busy machine)")
     p_rec.add_argument("--write", action="store_true", help="write the choice to strategies/default.json")
@@ -329,20 +446,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _threads_and_memory(parser: argparse.ArgumentParser, memory: bool = True) -> None:
+    """Add ``--threads`` (and ``--max-memory``) to a command that does the work."""
+    parser.add_argument("--threads", type=_int_at_least(1), default=DEFAULT_THREADS,
+                        help=f"torch threads per process doing the work, each worker's with --jobs > 1 (default "
+                             f"{DEFAULT_THREADS}: at these sizes more threads gain little, and on a busy machine "
+                             "they are several times slower)")
+    if memory:
+        parser.add_argument("--max-memory", type=_float_at_least(0, strict=True), metavar="GIB",
+                            help="refuse a run whose estimated memory (times --jobs on cpu) exceeds this many GiB "
+                                 "(default: 80%% of the machine's memory, 90%% of the GPU's)")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``growbench`` console script."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (| head) is handled below
+        return code
+    except BrokenPipeError:
+        # The reader closed the pipe (growbench list --json | head): stop quietly, as a writer killed by
+        # SIGPIPE would; stdout goes to devnull so that the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
+    except ConfigError as e:
+        print(f"growbench {args.command}: error: {_option(args.command, e.field)}: {_one_line(e)}", file=sys.stderr)
+        return 2
     except ValueError as e:
-        print(f"growbench: error: {e}", file=sys.stderr)
+        print(f"growbench: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:  # any filesystem failure left unchecked: one line naming the path, not a traceback
         where = f"{e.filename}: " if e.filename else ""
-        print(f"growbench: error: {where}{e.strerror or e}", file=sys.stderr)
+        print(f"growbench: error: {where}{_one_line(e.strerror or e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("growbench: interrupted; finished runs are in the database (use --resume)", file=sys.stderr)
+        hint = _RESUME_HINT.get(args.command)
+        print("growbench: interrupted" + (f"; finished runs are in the database, {hint}" if hint else ""),
+              file=sys.stderr)
         return 130
 
 

@@ -31,7 +31,8 @@ RESULT_COLUMNS = {
     "t_statistics": "REAL", "t_direction": "REAL", "t_truncation": "REAL", "t_line_search": "REAL",
     "t_total": "REAL", "t_floor": "REAL", "t_loss_eval": "REAL", "peak_mem_bytes": "INTEGER",
     "peak_mem_method": "TEXT", "extra": "TEXT", "path_efficiency": "REAL", "scan_decrease": "REAL",
-    "heldout_decrease_at_scan_best": "REAL", "host_syncs": "INTEGER",
+    "heldout_decrease_at_scan_best": "REAL", "host_syncs": "INTEGER", "reference_converged": "REAL",
+    "reference_residual": "REAL",
 }
 ENV_COLUMNS = {
     "torch_version": "TEXT", "device_name": "TEXT", "threads": "INTEGER", "git_commit": "TEXT",

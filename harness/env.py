@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -11,12 +12,16 @@ import platform
 import socket
 import subprocess
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+#: torch threads per process doing the work (each worker when ``--jobs > 1``). One: at these
+#: sizes a second thread buys little on a quiet machine and, on a busy one, makes runs several
+#: times slower (``growbench run --preset smoke`` on 2 shared cores: see the README).
+DEFAULT_THREADS = 1
 _SOURCE_PACKAGES = ("strategies", "harness", "datasets")
 
 
@@ -98,6 +103,24 @@ def config_key(config: dict, code_version: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(threads)``, then restore the previous count.
+
+    ``None`` leaves the count as it is. Restoring matters when runs execute in the
+    caller's own process (``jobs=1``, tests, a notebook): its setting is not ours to keep.
+    """
+    if not threads:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def recorded(config, work: Callable[[], dict], threads: int | None = None) -> dict:
     """The result row of one run in a worker; never raises: a failure becomes a ``failed`` row.
 
@@ -108,18 +131,18 @@ def recorded(config, work: Callable[[], dict], threads: int | None = None) -> di
     work : callable
         Runs the configuration and returns its result columns.
     threads : int, optional
-        torch threads for this worker (its share of the cores).
+        torch threads for this run (restored afterwards); the row's ``threads`` column is
+        the count the run had. ``None`` keeps the process's count.
     """
-    if threads:
-        torch.set_num_threads(threads)
-    env = environment(config.device)
-    row = {**config.as_dict(), **env, "key": config.key(env["code_version"]), "started_at": now()}
-    try:
-        row.update(work())
-        row["status"] = "ok"
-    except Exception as e:  # noqa: BLE001 - any failure of one configuration is recorded, the sweep goes on
-        row["status"] = "failed"
-        row["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-4))
+    with torch_threads(threads):
+        env = environment(config.device)  # after the thread count is set: the row records what the run had
+        row = {**config.as_dict(), **env, "key": config.key(env["code_version"]), "started_at": now()}
+        try:
+            row.update(work())
+            row["status"] = "ok"
+        except Exception as e:  # noqa: BLE001 - any failure of one configuration is recorded, the sweep goes on
+            row["status"] = "failed"
+            row["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-4))
     row["finished_at"] = now()
     return row
 

@@ -14,6 +14,7 @@ import strategies
 from strategies import metrics
 
 from .reference import reference_problem
+from .validate import check_example
 
 
 def run_example(
@@ -27,11 +28,20 @@ def run_example(
     seed: int = 0,
     device: str = "cpu",
     names: list[str] | None = None,
+    max_memory: float | None = None,
 ) -> pd.DataFrame:
     """One growth per preset on the reference problem; a row per preset.
 
     Time is the median of ``repeats`` calls of ``grow`` after one warm-up call.
+
+    Raises
+    ------
+    harness.validate.ConfigError
+        Sizes, ``cond``, ``repeats``, device or estimated memory (limit ``max_memory``
+        GiB) refused before the problem is built (:func:`harness.validate.check_example`).
     """
+    check_example(b=b, d_s=d_s, d_e=d_e, d_k=d_k, p=p, cond=cond, repeats=repeats, device=device,
+                  max_memory=max_memory)
     pb = reference_problem(b=b, d_s=d_s, d_e=d_e, d_k=d_k, cond=cond, seed=seed, device=device)
     new_scale = pb.block.new_scale(0, p)
     rows = []

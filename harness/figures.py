@@ -126,6 +126,11 @@ def _signed(v: float, fmt: str) -> str:
     return text.replace("-", "+", 1) if float(text) == 0 else text
 
 
+def plural(n: int, noun: str) -> str:
+    """``"1 seed"``, ``"3 seeds"``: a count with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _list(items: list[str]) -> str:
     return ", ".join(items) if items else "none"
 
@@ -254,7 +259,7 @@ def pareto(frame: pd.DataFrame, recommended: str | None = None, fallback: bool =
         _place_labels(ax, lab, fontsize=7.5, obstacles=list(zip(p.time, p.optimality, strict=True)))
 
     # Caption: the front per dataset, then the default (or recommended) against formula 1.
-    parts = [f"On each dataset's reference configuration ({int(pts.seeds.median())} seeds per point), "
+    parts = [f"On each dataset's reference configuration ({plural(int(pts.seeds.median()), 'seed')} per point), "
              "the Pareto front (no other strategy both faster and more optimal) is: "
              + "; ".join(f"{ds}: {_list([_label(s, names) for s in fronts[ds]])}" for ds in datasets) + "."]
     focus = [("recommended (fallback)" if fallback else "recommended", recommended),
@@ -590,8 +595,9 @@ def scaling(frame: pd.DataFrame) -> FigureResult:
                "sizes; near 1 or above, the size-dependent algebra does." if bits else "")
     n_pts = int(fits.points.max()) if len(fits) else 0
     if n_pts <= 4:
-        caption += (f" Each fit has at most {n_pts} points of one seed: treat the exponents as rough, and where the "
-                    "floor (grey, the same work at each size for every strategy) jumps, the machine was busy.")
+        caption += (f" Each fit has at most {plural(n_pts, 'point')} of one seed: treat the exponents as rough, "
+                    "and where the floor (grey, the same work at each size for every strategy) jumps, the machine "
+                    "was busy.")
     return FigureResult("scaling", title, caption, fig, data=fits)
 
 

@@ -237,6 +237,9 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
     """
     if time_metric not in ("t_total", "x_floor"):
         raise ValueError(f"unknown time metric {time_metric!r}; valid: t_total, x_floor")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not math.isfinite(tolerance) \
+            or tolerance < 0:
+        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     key = "time_ms" if time_metric == "t_total" else "x_floor"
     ok = frame[frame.status == "ok"]
     if ok.empty:
@@ -387,11 +390,32 @@ def format_text(rec: Recommendation) -> str:
         } for ds, e in rec.evidence.items() if isinstance(e, dict)}).T
         lines += ["  " + ln for ln in ev.to_string().splitlines()]
     lines += ["", "runners-up (by median time; ms and multiple of the floor):"]
+    if rec.spec is not None:
+        lines.append("  " + rank_note(rec))
     for r in rec.runners_up.itertuples():
         tag = f" [{r.preset}]" if r.preset else ""
         t = f"{r.time_ms:8.3g} ms {r.x_floor:6.3g}×fl" if math.isfinite(r.time_ms) else "       – ms"
         lines.append(f"  {r.rank:2d}. {t}  {r.strategy}{tag}: {r.reason}")
     return "\n".join(lines)
+
+
+def rank_note(rec: Recommendation) -> str:
+    """Why the runners-up's ranks skip one: the ranks count every growth strategy, the choice included.
+
+    Returns
+    -------
+    str
+        One sentence naming the choice's rank; empty when there is no choice.
+    """
+    if rec.spec is None:
+        return ""
+    rank = int(rec.table.loc[rec.table.strategy == rec.spec, "rank"].iloc[0])
+    above = (" The strategies ranked above it are faster but lost for the reason on their line."
+             if rank > 1 else "")
+    name = preset_names().get(rec.spec)
+    who = rec.spec + (f" [{name}]" if name else "")
+    return (f"Ranks order all {len(rec.table)} growth strategies by median time; rank {rank}, missing below, "
+            f"is the choice itself, {who}.{above}")
 
 
 def default_file() -> Path:

@@ -41,6 +41,7 @@ from .recommend import (
     label,
     load_frame,
     preset_names,
+    rank_note,
     recommend,
 )
 
@@ -454,8 +455,10 @@ def _html(results, rec, rec_json, facts, summary, fails, command, generated, tra
         ev, ru = _rec_tables(rec)
         if rec.spec is not None:
             h += ["<h3>Evidence (medians over seeds)</h3>", _html_table(ev)]
-        h += ["<h3>Runners-up, by median time, with the reason they lost</h3>",
-              _html_table(ru, "{:.3g}", wide_text=("reason",))]
+        h += ["<h3>Runners-up, by median time, with the reason they lost</h3>"]
+        if rec.spec is not None:
+            h.append(f'<p class="note">{_esc(rank_note(rec))}</p>')
+        h.append(_html_table(ru, "{:.3g}", wide_text=("reason",)))
 
     for r in results:
         h += figure_html(r, "h2")
@@ -501,7 +504,10 @@ def _markdown(results, rec, rec_json, facts, summary, fails, command, generated,
         ev, ru = _rec_tables(rec)
         if rec.spec is not None:
             m += ["### Evidence (medians over seeds)", "", _md_table(ev)]
-        m += ["### Runners-up, by median time, with the reason they lost", "", _md_table(ru)]
+        m += ["### Runners-up, by median time, with the reason they lost", ""]
+        if rec.spec is not None:
+            m += [_md_esc(rank_note(rec)), ""]
+        m.append(_md_table(ru))
     for r in results:
         m += figure_markdown(r, "##")
     m += ["## Summary: medians per dataset, device and strategy", "",

@@ -7,7 +7,6 @@ written to SQLite by this process only, one committed row per finished run.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
@@ -17,17 +16,23 @@ import torch
 from tqdm.auto import tqdm
 
 import strategies
-from datasets import DATASETS
+from datasets import DATASETS, PRETRAINED_DATASETS
 
 from .db import ResultsDB
-from .env import code_version
+from .env import DEFAULT_THREADS, code_version
 from .measure import RunConfig, run_one
+from .validate import ConfigError, check_jobs, check_runs, check_threads, dataset_class
 
 DEFAULT_DB = "results/growbench.sqlite"
 DEFAULT_CACHE = "results/cache"
 SIZE_AXES = ("d_s", "d_e", "b", "d_k", "p")
 LIST_AXES = ("strategies", "datasets", *SIZE_AXES, "seeds", "devices")
-DATASET_NAMES = tuple(DATASETS)
+#: The synthetic datasets, which the size grids below fit; the pretrained ones have a fixed width
+#: (d_e = 384) and would be refused at these sizes before any work.
+DATASET_NAMES = tuple(name for name in DATASETS if name not in PRETRAINED_DATASETS)
+
+#: The RunConfig field of each sweep axis (ConfigError names fields; the command line maps them to options).
+_AXIS_FIELDS = {"strategies": "strategy", "datasets": "dataset", "seeds": "seed", "devices": "device"}
 
 _PRESET_STRATEGIES = ["formula1", "formula2", "formula3", "formula4", "joint", "default", "random", "zero", "gradmax"]
 
@@ -69,7 +74,7 @@ SCALE_SET = {64: (256, 128, 8, 8), 256: (64, 256, 16, 16), 768: (32, 512, 32, 32
 CPU_MAX_SCALE = 1024
 SCALE_CANDIDATES = ["default", "gram/solve/full+metric/normal:newton", "gram/solve/full+metric/fast:quadratic",
                     "gram/solve/rsvd+metric/fast:quadratic", "gram/solve/rsvd+metric/fast:bracket",
-                    "gram/solve/full+metric/fast:bracket"]
+                    "gram/solve/full+metric/fast:bracket", "gram/solve/rsvd+metric/normal:bracket"]
 
 
 def scale_grids(devices: list[str], widths: list[int] | None = None, **kw) -> list[dict]:
@@ -78,6 +83,34 @@ def scale_grids(devices: list[str], widths: list[int] | None = None, **kw) -> li
     return [dict(strategies=SCALE_CANDIDATES, datasets=["teacher"], d_s=[SCALE_SET[d][1]], d_e=[d],
                  b=[SCALE_SET[d][0]], d_k=[SCALE_SET[d][2]], p=[SCALE_SET[d][3]], seeds=[0], devices=devices,
                  n_batches=1, warmup_steps=20, **kw) for d in widths]
+
+
+#: Candidates on the real pretrained model: the scale set's, and the formulas and joint as references.
+PRETRAINED_STRATEGIES = [*SCALE_CANDIDATES, "formula1", "formula2", "joint"]
+#: A cheaper set for the quick sweep (joint's CG alone takes 10-15 s per run there).
+QUICK_PRETRAINED_STRATEGIES = ["default", "gram/solve/full+metric/fast:quadratic",
+                               "gram/solve/rsvd+metric/fast:quadratic", "gram/solve/rsvd+metric/normal:bracket",
+                               "formula1", "formula2"]
+#: Heads of all-MiniLM-L6-v2 (layer, head) in the quick sweep: an early and a late one. The contrastive
+#: task uses the last: a late layer reruns fewer layers per loss call.
+QUICK_HEADS = [(1, 3), (4, 7)]
+#: Every layer, two heads each, for the full and gpu sweeps.
+ALL_HEADS = [(layer, head) for layer in range(6) for head in (layer % 12, (layer + 6) % 12)]
+
+
+def pretrained_grids(heads: list[tuple[int, int]], devices: list[str], strategy_list: list[str],
+                     seeds: list[int], **kw) -> list[dict]:
+    """Head recovery at every ``(layer, head)`` and the contrastive objective at the last one.
+
+    Both at d_e = 384 (the model's width), 8 windows of 32 tokens per batch, rank 8 grown by 8.
+    Recovery starts from the best rank-8 factors (no warm-up); the contrastive task trains
+    the narrowed head for 20 steps first.
+    """
+    sizes = dict(d_s=[32], d_e=[384], b=[8], d_k=[8], p=[8], seeds=seeds, devices=devices, n_batches=2, **kw)
+    recovery = [f"minilm-recovery:layer={layer}:head={head}" for layer, head in heads]
+    similarity = [f"minilm-similarity:layer={heads[-1][0]}:head={heads[-1][1]}"]
+    return [dict(strategies=strategy_list, datasets=recovery, warmup_steps=0, **sizes),
+            dict(strategies=strategy_list, datasets=similarity, warmup_steps=20, **sizes)]
 
 
 def sweep_presets() -> dict[str, list[dict]]:
@@ -96,12 +129,14 @@ def sweep_presets() -> dict[str, list[dict]]:
         "smoke": [dict(strategies=_PRESET_STRATEGIES, datasets=list(DATASET_NAMES), d_s=[16], d_e=[16], b=[16],
                        d_k=[2], p=[2], seeds=[0], devices=["cpu"], n_batches=2, repeats=1, warmup_steps=30)],
         # The quick ablation on one GPU, plus the scale set up to d_e = 4096.
-        "gpu": [*({**g, "devices": ["cuda"]} for g in quick), *scale_grids(["cuda"], repeats=5)],
+        "gpu": [*({**g, "devices": ["cuda"]} for g in quick), *scale_grids(["cuda"], repeats=5),
+                *pretrained_grids(ALL_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5)],
         "quick": [
             *quick,
             *scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
                            {"d_e": [16, 64, 128], "d_s": [8, 64, 128], "b": [16, 128, 256]},
                            seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300),
+            *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, [0], repeats=3),
         ],
         "full": [
             dict(strategies=strategies.specs(), datasets=list(DATASET_NAMES), d_s=[64], d_e=[64], b=[256], d_k=[8],
@@ -109,6 +144,7 @@ def sweep_presets() -> dict[str, list[dict]]:
             *scaling_grids(dict(d_s=[128], d_e=[64], b=[256], d_k=[8], p=[8]),
                            {"d_e": [32, 128, 256, 512], "d_s": [32, 256, 512], "b": [64, 512, 1024]},
                            seeds=[0, 1, 2], devices=["cpu", "cuda"], n_batches=4, repeats=5, warmup_steps=1000),
+            *pretrained_grids(ALL_HEADS, ["cpu", "cuda"], ablation, [0, 1, 2], repeats=5),
         ],
     }
 
@@ -117,7 +153,14 @@ def expand(grids: Iterable[dict]) -> list[RunConfig]:
     """Configurations of the union of the grids' products, without duplicates, in a stable order.
 
     Strategy names are canonicalised (presets become their specs) and validated;
-    unknown datasets are rejected with the valid list.
+    unknown datasets are rejected with the valid list, and every configuration is
+    checked on construction (:func:`harness.validate.check_run_config`).
+
+    Raises
+    ------
+    harness.validate.ConfigError
+        An unknown key, a missing or empty axis, an unknown strategy or dataset, or a
+        configuration that cannot run; the field at fault is its ``field``.
     """
     scalar_fields = {f.name for f in fields(RunConfig)} - {"strategy", "dataset", *SIZE_AXES, "seed", "device"}
     out: dict[RunConfig, None] = {}
@@ -125,10 +168,17 @@ def expand(grids: Iterable[dict]) -> list[RunConfig]:
         unknown = set(grid) - set(LIST_AXES) - scalar_fields
         if unknown:
             raise ValueError(f"unknown sweep keys {sorted(unknown)}; valid: {sorted(set(LIST_AXES) | scalar_fields)}")
+        for axis in LIST_AXES:
+            if not grid.get(axis):  # an empty axis would make an empty product: a sweep of nothing
+                raise ConfigError(_AXIS_FIELDS.get(axis, axis), f"the sweep's {axis} list is empty or missing")
         for d in grid["datasets"]:
-            if d not in DATASETS:
-                raise ValueError(f"unknown dataset {d!r}; valid: {', '.join(DATASETS)}")
-        specs = [strategies.canonical(s) for s in grid["strategies"]]
+            dataset_class(d)
+        specs = []
+        for s in grid["strategies"]:
+            try:
+                specs.append(strategies.canonical(s))
+            except ValueError as e:
+                raise ConfigError("strategy", str(e)) from None
         scalars = {k: grid[k] for k in scalar_fields if k in grid}
         for dataset, d_s, d_e, b, d_k, p, seed, device, spec in itertools.product(
             grid["datasets"], grid["d_s"], grid["d_e"], grid["b"], grid["d_k"], grid["p"], grid["seeds"],
@@ -140,7 +190,7 @@ def expand(grids: Iterable[dict]) -> list[RunConfig]:
 
 
 def _results(configs: list[RunConfig], jobs: int, backend: str, scheduler: str | None,
-             cache_dir: str | None) -> Iterator[dict]:
+             cache_dir: str | None, threads: int) -> Iterator[dict]:
     """Rows as runs finish, in completion order."""
     todo = [c.as_dict() for c in configs]
     if backend == "dask":
@@ -148,7 +198,7 @@ def _results(configs: list[RunConfig], jobs: int, backend: str, scheduler: str |
 
         client = Client(scheduler) if scheduler else Client(processes=False)
         try:
-            futures = client.map(run_one, todo, cache_dir=cache_dir, pure=False)
+            futures = client.map(run_one, todo, cache_dir=cache_dir, threads=threads, pure=False)
             for fut in as_completed(futures):
                 yield fut.result()
         finally:
@@ -156,22 +206,23 @@ def _results(configs: list[RunConfig], jobs: int, backend: str, scheduler: str |
         return
     if backend != "joblib":
         raise ValueError(f"unknown backend {backend!r}; valid: joblib, dask")
-    yield from in_workers(run_one, todo, jobs, cache_dir)
+    yield from in_workers(run_one, todo, jobs, cache_dir, threads=threads)
 
 
-def in_workers(fn: Callable, todo: list[dict], jobs: int, *args) -> Iterator[dict]:
-    """``fn(config, *args)`` for each config, here (``jobs == 1``) or in joblib processes; rows as they finish.
+def in_workers(fn: Callable, todo: list[dict], jobs: int, *args, threads: int = DEFAULT_THREADS) -> Iterator[dict]:
+    """``fn(config, *args, threads)`` for each config, here (``jobs == 1``) or in joblib processes; rows as they
+    finish.
 
-    A worker is called as ``fn(config, *args, threads)`` with its share of the cores, so
-    timings are not skewed by oversubscription.
+    ``threads`` is the torch thread count of each run, in this process or in each
+    worker: one by default, since at these sizes a worker's extra threads only fight
+    the other workers (and other users of the machine) for the same cores.
     """
     if jobs == 1:
         for c in todo:
-            yield fn(c, *args)
+            yield fn(c, *args, threads)
         return
     from joblib import Parallel, delayed
 
-    threads = max(1, (os.cpu_count() or 1) // jobs)
     yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(delayed(fn)(c, *args, threads) for c in todo)
 
 
@@ -203,8 +254,14 @@ def run_sweep(
     retry_failed: bool = False,
     cache_dir: str | None = DEFAULT_CACHE,
     progress: bool = True,
+    threads: int = DEFAULT_THREADS,
+    max_memory: float | None = None,
 ) -> pd.DataFrame:
     """Run every configuration not already stored; return the rows of this sweep's configurations.
+
+    Every configuration is checked first (:func:`harness.validate.check_runs`): nothing
+    runs and nothing is written when one cannot run. Runs on a device that is not
+    present are skipped with a message (:func:`pending`), unless no run is left.
 
     Parameters
     ----------
@@ -220,10 +277,22 @@ def run_sweep(
         Skip configurations whose key (configuration + code version) is already stored.
     retry_failed : bool
         With ``resume``, run stored failures again.
+    threads : int
+        torch threads per run (in this process with ``jobs == 1``, in each worker otherwise).
+    max_memory : float, optional
+        Memory limit in GiB for one run (times ``jobs`` on CPU); default a share of the device's memory.
+
+    Raises
+    ------
+    harness.validate.ConfigError
+        A configuration that cannot run, ``jobs < 1`` or ``threads < 1``.
     """
+    check_jobs(jobs)
+    check_threads(threads)
+    check_runs(configs, jobs=jobs, max_memory=max_memory, strict_devices=False)
     with ResultsDB(db_path) as db:
         configs, todo, version = pending(configs, db, resume, retry_failed)
-        store_as_finished(db, _results(todo, jobs, backend, scheduler, cache_dir), len(todo), progress)
+        store_as_finished(db, _results(todo, jobs, backend, scheduler, cache_dir, threads), len(todo), progress)
         keys = {c.key(version) for c in configs}
         frame = db.frame()
     return frame[frame.key.isin(keys)].reset_index(drop=True)

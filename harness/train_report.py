@@ -57,7 +57,7 @@ MAIN_COLORS = {"default": "#1f77b4", "random": "#ff7f0e", "zero": "#2ca02c", "gr
                "fixed-small": "#7f7f7f", "fixed-large": "#000000"}
 TABLE_COLUMNS = ["dataset", "variant", "comparison", "seeds", "failed", "final_heldout", "best_heldout",
                  "final_vs_fixed_large", "wall_s", "total_flops", "growth_flops_share", "n_growths", "final_d_k"]
-NEGATIVE = "A negative result honestly measured is a result."
+NEGATIVE = "A target that is not met is reported as measured, not hidden."
 
 
 @dataclass
@@ -342,7 +342,7 @@ def panel_verdict(runs: pd.DataFrame, table: pd.DataFrame, panel: str) -> Verdic
             parts = []
             for v, r in measured.items():
                 w, n = _paired_wins(runs, panel, "default", v)
-                parts.append(f"{v} {_g(r.final_heldout)} (default lower on {w} of {n} seeds)")
+                parts.append(f"{v} {_g(r.final_heldout)} (default lower on {w} of {F.plural(n, 'seed')})")
                 nums[f"{v}_final"] = r.final_heldout
             sizes = {v: r.final_d_k for v, r in measured.items() if r.final_d_k != d.final_d_k}
             size = ("at equal final size (d_k " + str(d.final_d_k) + ")" if not sizes else

@@ -10,10 +10,11 @@ import itertools
 
 import pandas as pd
 
-from .env import recorded
+from .env import DEFAULT_THREADS, recorded
 from .sweep import in_workers, pending, store_as_finished
 from .train import TrainConfig, train_run
 from .train_db import TrainDB
+from .validate import check_threads, check_train_configs
 
 BASELINES = ["default", "random", "zero", "gradmax", "fixed-small", "fixed-large"]
 
@@ -64,11 +65,40 @@ def run_train_one(config: dict, threads: int | None = None) -> dict:
 
 
 def run_train_sweep(configs: list[TrainConfig], db_path: str, *, jobs: int = 1, resume: bool = True,
-                    retry_failed: bool = False, progress: bool = True) -> pd.DataFrame:
-    """Run every configuration not already stored (with ``resume``); return this sweep's run rows."""
+                    retry_failed: bool = False, progress: bool = True, threads: int = DEFAULT_THREADS,
+                    max_memory: float | None = None) -> pd.DataFrame:
+    """Run every configuration not already stored (with ``resume``); return this sweep's run rows.
+
+    Every configuration is checked first (:func:`harness.validate.check_train_configs`):
+    nothing runs and nothing is written when one cannot run.
+
+    Parameters
+    ----------
+    configs : list of TrainConfig
+    db_path : str
+        SQLite file (created if missing).
+    jobs : int
+        Parallel workers (joblib processes).
+    resume, retry_failed : bool
+        Skip runs already stored; with ``retry_failed``, run stored failures again.
+    progress : bool
+        Show a progress bar.
+    threads : int
+        torch threads per run (in this process with ``jobs == 1``, in each worker otherwise).
+    max_memory : float, optional
+        Memory limit in GiB for one run (times ``jobs`` on CPU); default a share of the device's memory.
+
+    Raises
+    ------
+    harness.validate.ConfigError
+        A configuration that cannot run, ``jobs < 1`` or ``threads < 1``.
+    """
+    check_threads(threads)
+    check_train_configs(configs, jobs=jobs, max_memory=max_memory, strict_devices=False)
     with TrainDB(db_path) as db:
         configs, todo, version = pending(configs, db, resume, retry_failed, "training runs")
-        store_as_finished(db, in_workers(run_train_one, [c.as_dict() for c in todo], jobs), len(todo), progress)
+        store_as_finished(db, in_workers(run_train_one, [c.as_dict() for c in todo], jobs, threads=threads),
+                          len(todo), progress)
         keys = {c.key(version) for c in configs}
         runs = db.runs()
     return runs[runs.key.isin(keys)].reset_index(drop=True)

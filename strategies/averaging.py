@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from ._checks import pow2_scale
 from .cg import CGInfo, joint_operator, pcg
 from .statistics import Statistics
 
@@ -220,10 +221,13 @@ class Joint(Averaging):
         mean_A = Xf.mT @ Xf / X.shape[0]
         rtol = math.sqrt(X.shape[-1] * torch.finfo(X.dtype).eps)
         rhs = (stats.sum_M64 / stats.n).to(dt)
-        P, cg = solve_joint(Xc, mask, mean_A, rhs, self.inverse, self.tol, self.maxiter, log, rtol=rtol)
+        # The solve is linear in rhs: solving for rhs / s (s a power of two, exact) keeps CG's
+        # ‖rhs‖² and inner products inside float32's range for statistics of an extreme G.
+        s = pow2_scale(rhs)
+        P, cg = solve_joint(Xc, mask, mean_A, rhs / s, self.inverse, self.tol, self.maxiter, log, rtol=rtol)
         info["cg_iterations"] = cg.iterations
         info["cg_residual"] = cg.residual
-        return P.to(X.dtype)
+        return (P * s).to(X.dtype)
 
 
 def solve_joint(
@@ -236,14 +240,16 @@ def solve_joint(
     maxiter: int,
     log: list[str],
     rtol: float | None = None,
+    energy_tol: float | None = None,
 ) -> tuple[Tensor, CGInfo]:
     """Solve the joint normal equations for ``X (N, d_s, d_e)`` with right-hand side ``rhs (d_e, d_e)``.
 
     The preconditioner ``R ↦ E[A]^{-1} R E[A]^{-1}`` uses ``inverse`` with default cutoff
-    ``rtol``. Non-convergence is appended to ``log``.
+    ``rtol``; ``energy_tol`` is passed to :func:`~strategies.cg.pcg`. Non-convergence is
+    appended to ``log``.
     """
     prec = inverse.factor(mean_A, log, rtol=rtol)
-    P, cg = pcg(joint_operator(X, mask), rhs, prec.sandwich, tol=tol, maxiter=maxiter)
+    P, cg = pcg(joint_operator(X, mask), rhs, prec.sandwich, tol=tol, maxiter=maxiter, energy_tol=energy_tol)
     if not cg.converged:
         log.append(
             f"joint: CG stopped after {cg.iterations} iterations at relative residual {cg.residual:.2e} > tol {tol:.0e}"

@@ -46,15 +46,33 @@ def test_sweep_end_to_end_writes_complete_rows(tmp_path):
     assert set(s.strategy) == set(frame.strategy) and (s.failed == 0).all()
 
 
-def test_failing_configuration_is_recorded_and_the_sweep_goes_on(tmp_path):
-    # d_k + p = 2 + 8 > d_e = 8: grow raises, the run is stored as failed with its error.
-    configs = expand([tiny_grid(p=[2, 8])])
+def fail_seed(monkeypatch, seed: int) -> None:
+    """Make every run of ``seed`` fail inside its worker, as a genuine failure of a run would.
+
+    Invalid input no longer makes a failed row (it is refused before any work), so a
+    failure is injected into the measurement of in-process workers.
+    """
+    import harness.measure
+
+    real = harness.measure.measure
+
+    def measure(cfg, cache_dir):
+        if cfg.seed == seed:
+            raise RuntimeError(f"injected failure of seed {seed}")
+        return real(cfg, cache_dir)
+
+    monkeypatch.setattr(harness.measure, "measure", measure)
+
+
+def test_failing_configuration_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    fail_seed(monkeypatch, 1)
+    configs = expand([tiny_grid(seeds=[0, 1])])
     frame = run_sweep(configs, str(tmp_path / "r.sqlite"), cache_dir=str(tmp_path / "c"), progress=False)
     assert len(frame) == 4
     failed = frame[frame.status == "failed"]
-    assert len(failed) == 2 and (failed.p == 8).all()
-    assert failed.error.str.contains("d_k \\+ p > d_e").all()
-    assert (frame[frame.status == "ok"].p == 2).all()
+    assert len(failed) == 2 and (failed.seed == 1).all()
+    assert failed.error.str.contains("injected failure of seed 1").all()
+    assert (frame[frame.status == "ok"].seed == 0).all()
     s = summary(frame)
     assert s.failed.sum() == 2
 
@@ -113,10 +131,11 @@ def test_joblib_parallel_matches_serial_quality(tmp_path):
         assert (serial[col] - par[col]).abs().max() <= 1e-5 * max(1.0, serial[col].abs().max())
 
 
-def test_dask_backend_on_a_local_cluster(tmp_path):
+def test_dask_backend_on_a_local_cluster(tmp_path, monkeypatch):
     distributed = pytest.importorskip("distributed")
+    fail_seed(monkeypatch, 1)  # the cluster's workers are threads of this process: the patch reaches them
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
-        configs = expand([tiny_grid(p=[2, 8])])
+        configs = expand([tiny_grid(seeds=[0, 1])])
         frame = run_sweep(configs, str(tmp_path / "r.sqlite"), backend="dask", scheduler=lc.scheduler_address,
                           cache_dir=str(tmp_path / "c"), progress=False)
     assert len(frame) == 4
@@ -142,7 +161,8 @@ def test_cli_list_json_and_unknown_names(tmp_path, capsys):
     assert cli_main(["list", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {"presets", "strategies", "datasets", "sweep_presets"} <= set(data)
-    assert set(data["datasets"]) == {"teacher", "icl-regression", "digits", "text"}
+    assert set(data["datasets"]) == {"teacher", "icl-regression", "digits", "text", "minilm-recovery",
+                                     "minilm-similarity"}
     assert set(data["sweep_presets"]) == {"smoke", "quick", "gpu", "full"}
     for bad, valid in ((["--preset", "huge"], "smoke"), (["--datasets", "mnist"], "teacher"),
                        (["--strategies", "fomula1"], "formula1")):

@@ -244,13 +244,24 @@ def test_presets_are_valid_and_distinct():
 
 
 # ------------------------------------------------------------------ database and resume
-def test_sweep_records_failures_and_goes_on(tmp_path):
+def test_sweep_records_failures_and_goes_on(tmp_path, monkeypatch):
+    import harness.train_sweep
+
+    # Invalid input is refused before any work (no row), so a genuine failure of a run is injected.
+    real = harness.train_sweep.train_run
+
+    def train_run(cfg):
+        if cfg.seed == 1:
+            raise RuntimeError("injected failure")
+        return real(cfg)
+
+    monkeypatch.setattr(harness.train_sweep, "train_run", train_run)
     db = str(tmp_path / "t.sqlite")
     good = TrainConfig(method="default", **TINY)
-    bad = TrainConfig(method="default", **{**TINY, "dataset": "nope"})
+    bad = TrainConfig(method="default", seed=1, **TINY)
     runs = run_train_sweep([bad, good], db, progress=False)
     assert sorted(runs.status) == ["failed", "ok"]
-    assert "unknown dataset 'nope'" in runs[runs.status == "failed"].error.iloc[0]
+    assert "injected failure" in runs[runs.status == "failed"].error.iloc[0]
     with TrainDB(db) as d:
         curves = d.curves()
     assert set(curves.key) == {runs[runs.status == "ok"].key.iloc[0]}

@@ -234,7 +234,7 @@ def test_training_only_report_via_the_cli(report, section):
     md = (report / "report.md").read_text()
     for text in (html, md):
         assert "Growth during training" in text and "No growth-sweep section" in text
-        assert "(a) NOT met" in text and "A negative result honestly measured is a result." in text
+        assert "(a) NOT met" in text and "A target that is not met is reported as measured, not hidden." in text
     doc = _Doc()
     doc.feed(html)
     assert len(doc.imgs) == 2 and all(s.startswith("data:image/png;base64,") for s in doc.imgs)

