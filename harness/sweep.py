@@ -7,7 +7,10 @@ written to SQLite by this process only, one committed row per finished run.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 
@@ -113,6 +116,14 @@ def pretrained_grids(heads: list[tuple[int, int]], devices: list[str], strategy_
             dict(strategies=strategy_list, datasets=similarity, warmup_steps=20, **sizes)]
 
 
+def statistics_tokens_grid(devices: list[str], n_batches: list[int], **kw) -> list[dict]:
+    """Held-out decrease against the number of statistics tokens (n_batches · 8 · 32) at d_e = 384,
+    where ``d_e² = 147 456`` entries of ``P`` are fitted: one late head, the default and formula 1."""
+    return [dict(strategies=["default", "formula1", "gram/solve/rsvd+metric/normal:bracket"],
+                 datasets=["minilm-recovery:layer=4:head=7"], d_s=[32], d_e=[384], b=[8], d_k=[8], p=[8],
+                 seeds=[0], devices=devices, n_batches=n, warmup_steps=0, **kw) for n in n_batches]
+
+
 def sweep_presets() -> dict[str, list[dict]]:
     """Named sweeps: each a list of grids (dicts of lists) whose products are unioned."""
     default = strategies.default_spec()
@@ -130,7 +141,8 @@ def sweep_presets() -> dict[str, list[dict]]:
                        d_k=[2], p=[2], seeds=[0], devices=["cpu"], n_batches=2, repeats=1, warmup_steps=30)],
         # The quick ablation on one GPU, plus the scale set up to d_e = 4096.
         "gpu": [*({**g, "devices": ["cuda"]} for g in quick), *scale_grids(["cuda"], repeats=5),
-                *pretrained_grids(ALL_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5)],
+                *pretrained_grids(ALL_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5),
+                *statistics_tokens_grid(["cuda"], [1, 4, 16, 64], repeats=5)],
         "quick": [
             *quick,
             *scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
@@ -145,6 +157,7 @@ def sweep_presets() -> dict[str, list[dict]]:
                            {"d_e": [32, 128, 256, 512], "d_s": [32, 256, 512], "b": [64, 512, 1024]},
                            seeds=[0, 1, 2], devices=["cpu", "cuda"], n_batches=4, repeats=5, warmup_steps=1000),
             *pretrained_grids(ALL_HEADS, ["cpu", "cuda"], ablation, [0, 1, 2], repeats=5),
+            *statistics_tokens_grid(["cpu", "cuda"], [1, 4, 16, 64], repeats=5),
         ],
     }
 
@@ -223,7 +236,38 @@ def in_workers(fn: Callable, todo: list[dict], jobs: int, *args, threads: int = 
         return
     from joblib import Parallel, delayed
 
-    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(delayed(fn)(c, *args, threads) for c in todo)
+    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(
+        delayed(in_orphan_safe_worker)(fn, c, *args, threads) for c in todo)
+
+
+#: Seconds between a worker's checks that its parent is alive.
+ORPHAN_POLL_S = 0.5
+
+
+def in_orphan_safe_worker(fn: Callable, *args):
+    """``fn(*args)`` in a joblib worker that exits as soon as its parent process is gone.
+
+    joblib's workers wait for their next task long after a SIGKILLed parent (88 s and
+    more were seen), holding memory and cores. A daemon thread, started once per worker
+    process, polls the parent's pid and ends the worker when it changes (the orphan is
+    re-parented). A polling thread rather than ``prctl(PR_SET_PDEATHSIG)``: that signal
+    follows the *thread* that spawned the worker, which in joblib is not the main one.
+    """
+    global _watched_parent
+    if _watched_parent is None:
+        _watched_parent = os.getppid()
+        threading.Thread(target=_exit_when_orphaned, args=(_watched_parent,), daemon=True,
+                         name="growbench-orphan-watch").start()
+    return fn(*args)
+
+
+_watched_parent: int | None = None
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    os._exit(1)  # no cleanup: the parent that would read our results is gone
 
 
 def pending(configs: list, db, resume: bool, retry_failed: bool, what: str = "runs") -> tuple[list, list, str]:
