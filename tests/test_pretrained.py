@@ -220,3 +220,16 @@ def test_real_weights_head_recovery_references():
     eps = 1e-2
     fd = (float(fn(cap.S + eps * D)) - float(fn(cap.S - eps * D))) / (2 * eps)
     assert fd == pytest.approx(float((cap.G * D).sum()), rel=1e-2)
+
+
+def test_a_sweep_without_the_weights_is_refused_before_any_work(monkeypatch, tmp_path, capsys):
+    from harness.cli import main as cli_main
+
+    monkeypatch.setattr(minilm, "weights_available", lambda: False)
+    db = tmp_path / "r.sqlite"
+    args = ["run", "--strategies", "default", "--datasets", "minilm-recovery:layer=1", "--d-s", "8", "--d-e", "384",
+            "--b", "2", "--d-k", "4", "--p", "4", "--db", str(db), "--no-progress"]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "[real]" in err and "\n" not in err
+    assert not db.exists()  # refused before the database was opened
