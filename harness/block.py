@@ -43,6 +43,28 @@ class Captured:
     mask: Tensor | None
 
 
+def check_new_factors(W_Q: Tensor, W_K: Tensor, d_in: int, d_k: int) -> None:
+    """Refuse factors that cannot replace a head of input width ``d_in`` and query/key width ``d_k``.
+
+    Raises
+    ------
+    ValueError
+        Not 2-D, wrong ``d_in``, fewer than ``d_k`` columns (shrinking), non-finite
+        entries, or ``W_Q`` and ``W_K`` of different shapes.
+    """
+    for name, W in (("W_Q", W_Q), ("W_K", W_K)):
+        if not isinstance(W, Tensor) or W.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor (d_in, d_k')")
+        if W.shape[0] != d_in:
+            raise ValueError(f"{name} has d_in={W.shape[0]}, block expects {d_in}")
+        if W.shape[1] < d_k:
+            raise ValueError(f"{name} has d_k'={W.shape[1]} < current d_k={d_k}: shrinking is not supported")
+        if not torch.isfinite(W).all():
+            raise ValueError(f"{name} contains non-finite values")
+    if W_Q.shape != W_K.shape:
+        raise ValueError(f"W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} differ in shape")
+
+
 class Head(nn.Module):
     """Parameters of one head: ``W_Q``, ``W_K`` (d_in, d_k), ``W_V`` (d_in, d_v)."""
 
@@ -395,24 +417,7 @@ class GrowableAttention(nn.Module):
             non-finite entries. The block is left unchanged.
         """
         h = self._check_head(head)
-        for name, W in (("W_Q", W_Q), ("W_K", W_K)):
-            if not isinstance(W, Tensor) or W.dim() != 2:
-                raise ValueError(f"{name} must be a 2-D tensor (d_in, d_k')")
-            if W.shape[0] != self.d_in:
-                raise ValueError(
-                    f"{name} has d_in={W.shape[0]}, block expects {self.d_in}"
-                )
-            if W.shape[1] < self.d_k(head):
-                raise ValueError(
-                    f"{name} has d_k'={W.shape[1]} < current d_k={self.d_k(head)}: "
-                    "shrinking is not supported"
-                )
-            if not torch.isfinite(W).all():
-                raise ValueError(f"{name} contains non-finite values")
-        if W_Q.shape != W_K.shape:
-            raise ValueError(
-                f"W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} differ in shape"
-            )
+        check_new_factors(W_Q, W_K, self.d_in, self.d_k(head))
         like = h.W_Q
         h.W_Q = nn.Parameter(
             W_Q.detach().to(dtype=like.dtype, device=like.device).clone()

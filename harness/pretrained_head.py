@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .block import Captured
+from .block import Captured, check_new_factors
 
 
 def head_factors(attention: nn.Module, head: int) -> tuple[Tensor, Tensor, float]:
@@ -274,15 +274,7 @@ class PretrainedHead(nn.Module):
             Wrong shape, shrinking, or non-finite entries; the site is left unchanged.
         """
         self._check_head(head)
-        for name, W in (("W_Q", W_Q), ("W_K", W_K)):
-            if not isinstance(W, Tensor) or W.dim() != 2 or W.shape[0] != self.d_in:
-                raise ValueError(f"{name} must be a 2-D tensor ({self.d_in}, d_k')")
-            if W.shape[1] < self.d_k():
-                raise ValueError(f"{name} has d_k'={W.shape[1]} < current d_k={self.d_k()}: shrinking is not supported")
-            if not torch.isfinite(W).all():
-                raise ValueError(f"{name} contains non-finite values")
-        if W_Q.shape != W_K.shape:
-            raise ValueError(f"W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} differ in shape")
+        check_new_factors(W_Q, W_K, self.d_in, self.d_k())
         like = self.W_Q
         self.W_Q = nn.Parameter(W_Q.detach().to(dtype=like.dtype, device=like.device).clone())
         self.W_K = nn.Parameter(W_K.detach().to(dtype=like.dtype, device=like.device).clone())

@@ -116,11 +116,11 @@ def pcg(
     rz = (r * z).sum()
     res = 1.0
     increments: list[float] = []
+    energy = 0.0  # running sum of the increments: summing the list each iteration is quadratic
 
     def energy_error() -> float:
         if energy_tol is None or not increments:
             return float("nan")
-        energy = sum(increments)
         return sum(increments[-window:]) / energy if energy > 0 else float("nan")
 
     def settled(k: int) -> bool:
@@ -135,6 +135,7 @@ def pcg(
         alpha = rz / pAp
         if energy_tol is not None:
             increments.append(float(alpha * rz))
+            energy += increments[-1]
         x = x + alpha * p
         r = r - alpha * Ap
         res = float(torch.linalg.matrix_norm(r) / b_norm)
