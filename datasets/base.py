@@ -1,6 +1,6 @@
 """Base classes of the benchmark's data sets: a model wrapper and the dataset interface.
 
-A growth is measured on one :class:`~harness.block.GrowableAttention` block sitting
+A growth is measured on one :class:`~models.block.GrowableAttention` block sitting
 inside a small model ``embed -> block -> head -> loss`` (:class:`GrowthModel`). A
 :class:`Dataset` makes deterministic batches and builds that model; every random draw
 goes through a private generator seeded from ``(seed, purpose, split, index)`` so no
@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from harness.block import GrowableAttention
+from models.block import GrowableAttention
 
 SPLITS = ("train", "test")
 

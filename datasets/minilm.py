@@ -8,7 +8,7 @@ d_e = 384, 12 heads × 32, query/key biases, 90 MB) and it needs nothing beyond
 ``transformers``, which installs beside any torch of the supported range.
 
 The model is loaded with ``transformers.BertModel``; one head becomes growable through
-:class:`~harness.pretrained_head.PretrainedHead` (a forward hook). The text is Python's
+:class:`~models.pretrained_head.PretrainedHead` (a forward hook). The text is Python's
 own ``pydoc_data`` help texts (as in :mod:`datasets.text`), tokenised by the model's
 tokenizer into one stream: train windows come from its first 90%, test windows from
 the rest. A window is ``[CLS] + (d_s − 2) tokens + [SEP]`` with no padding.
@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.pretrained_head import PretrainedHead, best_rank_factors, head_factors
+from models.pretrained_head import PretrainedHead, best_rank_factors, head_factors
 
 from .base import Dataset
 from .text import TRAIN_FRACTION, corpus

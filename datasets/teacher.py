@@ -1,6 +1,6 @@
 """Teacher–student attention on anisotropic inputs (the seed author's own setting).
 
-A fixed teacher :class:`~harness.block.GrowableAttention` with a larger query/key width
+A fixed teacher :class:`~models.block.GrowableAttention` with a larger query/key width
 ``teacher_d_k`` and sharpened scores maps inputs ``X ~ N(0, Σ)`` to targets. The student
 copies the teacher's values and output projection, so at initialisation the only mismatch
 is in the scores and the optimum is known: a student whose ``Z = c W_Q W_Kᵀ`` equals the
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.block import GrowableAttention
+from models.block import GrowableAttention
 
 from .base import Dataset, GrowthModel
 

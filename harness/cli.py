@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import NoReturn
 
 import strategies
-
-from .env import DEFAULT_THREADS
-from .validate import ConfigError
+from harness.env import DEFAULT_THREADS
+from harness.validate import ConfigError
 
 # The option that sets each configuration field a ConfigError can name, per command (the rest are
 # "--" + field with dashes). Training sizes come from the preset only.
@@ -100,11 +99,11 @@ def _datasets() -> dict[str, str]:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from .sweep import sweep_presets
+    from harness.runner.sweep import sweep_presets
 
     sweeps = {name: [{k: v for k, v in g.items() if k != "strategies"} | {"n_strategies": len(g["strategies"])}
                      for g in grids] for name, grids in sweep_presets().items()}
-    from .train_sweep import train_presets
+    from harness.runner.train_sweep import train_presets
 
     data = {"presets": strategies.presets(), "strategies": strategies.specs(), "datasets": _datasets(),
             "sweep_presets": sweeps,
@@ -130,13 +129,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _iter_configs(preset: str):
-    from .sweep import expand, sweep_presets
+    from harness.runner.sweep import expand, sweep_presets
 
     return expand(sweep_presets()[preset])
 
 
 def _grids(args: argparse.Namespace) -> list[dict]:
-    from .sweep import DATASET_NAMES, sweep_presets
+    from harness.runner.sweep import DATASET_NAMES, sweep_presets
 
     presets = sweep_presets()
     if args.preset:
@@ -156,9 +155,9 @@ def _grids(args: argparse.Namespace) -> list[dict]:
 def _cmd_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .db import ResultsDB
-    from .sweep import expand, preset_summary, run_sweep, summary
-    from .validate import check_runs
+    from harness.runner.sweep import expand, preset_summary, run_sweep, summary
+    from harness.store.results import ResultsDB
+    from harness.validate import check_runs
 
     configs = expand(_grids(args))
     # Every run is checked before the database is touched. Devices named on the command line must be
@@ -179,7 +178,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(table) else "no results")
     n_failed = int((frame.status != "ok").sum()) if len(frame) else 0
     if n_failed:
-        from .recommend import first_error
+        from harness.recommend import first_error
 
         first = frame[frame.status != "ok"].iloc[0]
         print(f"{n_failed} failed runs recorded (first: {first.strategy} on {first.dataset}: "
@@ -188,8 +187,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .db import read_runs
-    from .dbfile import check_output_file
+    from harness.store.dbfile import check_output_file
+    from harness.store.results import read_runs
 
     if not Path(args.db).exists():
         raise ValueError(f"no results database at {args.db}: run 'growbench run' first")
@@ -210,9 +209,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_example(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .env import torch_threads
-    from .example import run_example
-    from .validate import check_example
+    from harness.env import torch_threads
+    from harness.example import run_example
+    from harness.validate import check_example
 
     names = args.presets.split(",") if args.presets else None
     for n in names or []:
@@ -238,8 +237,8 @@ def _cmd_example(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .dbfile import check_output_dir
-    from .report import build_report
+    from harness.report.sweep import build_report
+    from harness.store.dbfile import check_output_dir
 
     check_output_dir(args.out)  # before any work: an existing file or a read-only folder is refused in one line
     done = build_report(args.db, args.out, svg=not args.no_svg, device=args.device)
@@ -251,7 +250,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
-    from .recommend import format_text, load_frame, recommend, write_default
+    from harness.recommend import format_text, load_frame, recommend, write_default
 
     rec = recommend(load_frame(args.db), tolerance=args.tolerance, device=args.device, time_metric=args.time)
     print(format_text(rec))
@@ -269,10 +268,10 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .train import FIXED_METHODS
-    from .train_db import TrainDB
-    from .train_sweep import run_train_sweep, train_presets, train_summary
-    from .validate import check_device, check_train_configs, dataset_class
+    from harness.runner.train_sweep import run_train_sweep, train_presets, train_summary
+    from harness.store.training import TrainDB
+    from harness.train import FIXED_METHODS
+    from harness.validate import check_device, check_train_configs, dataset_class
 
     presets = train_presets()
     if args.preset not in presets:
@@ -317,9 +316,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_targets(args: argparse.Namespace) -> int:
     import torch
 
-    from .env import device_name, torch_threads
-    from .targets import run_targets
-    from .validate import check_device
+    from harness.env import device_name, torch_threads
+    from harness.targets import run_targets
+    from harness.validate import check_device
 
     check_device(args.device)
     with torch_threads(args.threads):
@@ -336,7 +335,7 @@ def _cmd_targets(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``growbench``."""
-    from .sweep import DEFAULT_CACHE, DEFAULT_DB
+    from harness.runner.sweep import DEFAULT_CACHE, DEFAULT_DB
 
     parser = _Parser(prog="growbench", description="Benchmark strategies that grow attention's d_k.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -11,10 +11,9 @@ import pandas as pd
 import torch
 
 import strategies
+from harness.reference import reference_problem
+from harness.validate import check_example
 from strategies import metrics
-
-from .reference import reference_problem
-from .validate import check_example
 
 
 def run_example(

@@ -21,12 +21,11 @@ import torch
 
 import strategies
 import strategies.cg
+from harness.env import KeyedConfig, recorded
+from harness.memory import peak_memory
+from harness.validate import check_run_config
 from strategies import metrics
 from strategies.timing import timed
-
-from .env import KeyedConfig, recorded
-from .memory import peak_memory
-from .validate import check_run_config
 
 # Batches for statistics are drawn far from the warm-up's indices (0..warmup_steps-1).
 STATS_INDEX_OFFSET = 1_000_000

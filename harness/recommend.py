@@ -79,10 +79,10 @@ def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total") -> str
 def load_frame(db_path: str | Path) -> pd.DataFrame:
     """Every run of the database (read only). :class:`NoResults` when it is missing or has no run.
 
-    A file that is not growbench's raises :class:`harness.dbfile.DatabaseFileError` instead
+    A file that is not growbench's raises :class:`harness.store.dbfile.DatabaseFileError` instead
     (also a ``ValueError``), naming the file, and the file is left untouched.
     """
-    from .db import COLUMNS, read_runs
+    from harness.store.results import COLUMNS, read_runs
 
     path = Path(db_path)
     if not path.exists():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .block import GrowableAttention
+from models.block import GrowableAttention
 
 
 @dataclass

@@ -14,10 +14,9 @@ import pandas as pd
 import torch
 
 import strategies
+from harness.measure import RunConfig, measure
+from harness.runner.sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET
 from strategies.timing import synchronize
-
-from .measure import RunConfig, measure
-from .sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET
 
 CANDIDATES = ["formula1", "formula2", "formula3", "formula4", "joint", "default",
               "gram/solve/full+metric/fast:newton", "joint/solve/full+metric/fast:quadratic",

@@ -29,11 +29,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import strategies
+from harness.env import KeyedConfig
+from harness.optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
 from strategies import metrics
 from strategies.timing import synchronize
-
-from .env import KeyedConfig
-from .optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
 
 FIXED_METHODS = ("fixed-small", "fixed-large")
 TRIGGERS = ("schedule", "bottleneck")

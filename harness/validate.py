@@ -190,7 +190,7 @@ def is_pretrained(spec: str) -> bool:
 
 def input_width(spec: str, d_e: int) -> int:
     """``d_in``, the width of the input ``W_Q`` and ``W_K`` act on: ``d_e``, plus the ones column of a
-    pretrained head with biases (``harness.block.GrowableAttention.d_in`` with ``bias``)."""
+    pretrained head with biases (``models.block.GrowableAttention.d_in`` with ``bias``)."""
     return d_e + 1 if is_pretrained(spec) else d_e
 
 
@@ -317,8 +317,7 @@ def check_run_config(cfg) -> None:
         The first problem, with the field at fault.
     """
     import strategies
-
-    from .block import SCALE_POLICIES
+    from models.block import SCALE_POLICIES
 
     if not isinstance(cfg.strategy, str):
         raise ConfigError("strategy", f"strategy must be a string, got {cfg.strategy!r}")
@@ -356,7 +355,7 @@ def check_runs(configs: Iterable, *, jobs: int = 1, max_memory: float | None = N
         Memory limit in GiB; default :func:`memory_limit` of each device.
     strict_devices : bool
         Refuse a run on a device that is not present. With False, such runs are left to
-        :func:`harness.sweep.pending`, which skips them with a message (a preset that
+        :func:`harness.runner.sweep.pending`, which skips them with a message (a preset that
         mixes cpu and cuda runs on a machine without a GPU), unless no run at all can
         run here.
 

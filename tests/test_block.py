@@ -1,4 +1,4 @@
-"""Tests for harness.block.GrowableAttention against hand-written references."""
+"""Tests for models.block.GrowableAttention against hand-written references."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.block import Captured, GrowableAttention
+from models.block import Captured, GrowableAttention
 
 DT = torch.float64
 

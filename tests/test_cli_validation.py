@@ -115,7 +115,7 @@ def test_the_limit_itself_is_accepted_and_the_run_written(tmp_path, capsys):
     assert cli_main(["run", *TINY, "--d-k", "6", "--p", "2", "--db", str(db),
                      "--cache-dir", str(tmp_path / "c")]) == 0
     capsys.readouterr()
-    from harness.db import ResultsDB
+    from harness.store.results import ResultsDB
 
     with ResultsDB(db) as d:
         frame = d.frame()
@@ -166,7 +166,7 @@ def test_train_nosuch_dataset_subprocess_exits_2_with_a_message(tmp_path):
 
 def test_train_accepts_resume_which_its_interrupt_message_names(tmp_path, capsys, monkeypatch):
     """The interrupt hint of ``train`` names only options ``train`` accepts."""
-    import harness.train_sweep as ts
+    import harness.runner.train_sweep as ts
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -251,7 +251,7 @@ def test_pretrained_sizes_are_checked_without_loading_the_model(monkeypatch):
 
 
 def test_sweep_api_refuses_before_any_work(tmp_path):
-    from harness.sweep import expand, run_sweep
+    from harness.runner.sweep import expand, run_sweep
 
     grid = dict(strategies=["formula2"], datasets=["teacher"], d_s=[8], d_e=[8], b=[4], d_k=[2], p=[2], seeds=[0],
                 devices=["cpu"], n_batches=1, repeats=1, warmup_steps=2)
@@ -281,8 +281,8 @@ def test_sweep_api_skips_absent_cuda_runs_of_a_mixed_grid_but_refuses_them_when_
 
 
 def test_train_api_refuses_before_any_work(tmp_path):
+    from harness.runner.train_sweep import run_train_sweep
     from harness.train import TrainConfig
-    from harness.train_sweep import run_train_sweep
 
     tiny = dict(d_s=8, d_e=8, b=8, d_k0=2, d_k_max=4, p=2, grow_every=10, steps=20, eval_every=10)
     db = tmp_path / "t.sqlite"
@@ -340,7 +340,7 @@ def test_help_texts_name_no_issue_numbers(command, capsys):
 
 
 def test_plural_wording():
-    from harness.figures import plural
+    from harness.report.figures import plural
 
     assert plural(1, "seed") == "1 seed" and plural(3, "seed") == "3 seeds" and plural(0, "point") == "0 points"
 

@@ -24,10 +24,10 @@ import pytest
 
 import strategies
 from harness.cli import main as cli_main
-from harness.db import COLUMNS, ResultsDB
-from harness.dbfile import APPLICATION_ID, SCHEMA_VERSION, DatabaseFileError
 from harness.recommend import first_error, recommend
-from harness.train_db import TrainDB
+from harness.store.dbfile import APPLICATION_ID, SCHEMA_VERSION, DatabaseFileError
+from harness.store.results import COLUMNS, ResultsDB
+from harness.store.training import TrainDB
 
 # The smallest run the CLI accepts that still measures a real growth (about 3 s on 2 cores).
 TINY = ["--strategies", "formula2", "--datasets", "teacher", "--d-s", "8", "--d-e", "8", "--b", "4", "--d-k", "2",

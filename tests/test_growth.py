@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import strategies
-from harness.block import SCALE_POLICIES, GrowableAttention
+from models.block import SCALE_POLICIES, GrowableAttention
 from strategies import metrics
 
 PRESETS = strategies.presets()

@@ -11,10 +11,10 @@ from helpers import kill_cli_after_rows
 
 import strategies
 from harness.cli import main as cli_main
-from harness.db import CONFIG_COLUMNS, ResultsDB
 from harness.env import code_version
 from harness.measure import RunConfig
-from harness.sweep import expand, run_sweep, summary, sweep_presets
+from harness.runner.sweep import expand, run_sweep, summary, sweep_presets
+from harness.store.results import CONFIG_COLUMNS, ResultsDB
 
 QUALITY = ["optimality", "first_order_decrease", "loss_before", "loss_after", "heldout_before", "heldout_after",
            "bottleneck", "lam", "n_loss_evals"]
@@ -194,7 +194,7 @@ def test_run_config_key_depends_on_config_and_code_version():
 
 
 def test_gpu_preset_is_the_quick_ablation_plus_the_scale_set_on_cuda():
-    from harness.sweep import SCALE_SET, expand, sweep_presets
+    from harness.runner.sweep import SCALE_SET, expand, sweep_presets
 
     presets = sweep_presets()
     gpu = expand(presets["gpu"])

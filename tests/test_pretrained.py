@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from datasets import make_dataset, minilm  # noqa: E402
 from harness.measure import RunConfig, measure  # noqa: E402
-from harness.pretrained_head import best_rank_factors  # noqa: E402
+from models.pretrained_head import best_rank_factors  # noqa: E402
 
 RANDOM = "source=random"
 

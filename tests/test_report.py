@@ -13,8 +13,8 @@ import pytest
 import strategies
 from harness import recommend as R
 from harness.cli import main as cli_main
-from harness.db import ResultsDB
-from harness.report import build_report
+from harness.report.sweep import build_report
+from harness.store.results import ResultsDB
 
 FIGURES = ("pareto", "ablation", "breakdown", "scaling", "formula_gap", "lambda", "devices")
 DEFAULT = strategies.default_spec()  # the fixture follows whatever default.json says
@@ -297,7 +297,7 @@ def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------------------ a real (tiny) sweep
 def test_report_of_a_tiny_real_sweep(tmp_path):
-    from harness.sweep import expand, run_sweep
+    from harness.runner.sweep import expand, run_sweep
 
     grid = dict(strategies=["formula1", "formula2", "default", "gram/solve/full+metric/normal:newton", "zero"],
                 datasets=["teacher", "text"], d_s=[8], d_e=[8], b=[8], d_k=[2], p=[2], seeds=[0], devices=["cpu"],

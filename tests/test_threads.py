@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import harness.measure as measure_module
-import harness.train_sweep as train_sweep_module
+import harness.runner.train_sweep as train_sweep_module
 from harness.cli import main as cli_main
 from harness.env import DEFAULT_THREADS, recorded, torch_threads
-from harness.sweep import expand, run_sweep
+from harness.runner.sweep import expand, run_sweep
 from harness.train import TrainConfig
 
 TINY = ["--strategies", "formula2", "--datasets", "teacher", "--d-s", "8", "--d-e", "8", "--b", "4", "--d-k", "2",

@@ -13,6 +13,8 @@ import strategies
 from datasets import make_dataset
 from harness.env import code_version
 from harness.optim_state import align_to_old, replace_parameter
+from harness.runner.train_sweep import run_train_sweep, train_presets
+from harness.store.training import TrainDB
 from harness.train import (
     TrainConfig,
     _capture,
@@ -22,8 +24,6 @@ from harness.train import (
     starved,
     train_run,
 )
-from harness.train_db import TrainDB
-from harness.train_sweep import run_train_sweep, train_presets
 
 TINY = dict(dataset="teacher", d_s=8, d_e=8, b=8, d_k0=2, d_k_max=6, p=2, grow_every=10, steps=40, eval_every=10)
 
@@ -245,17 +245,17 @@ def test_presets_are_valid_and_distinct():
 
 # ------------------------------------------------------------------ database and resume
 def test_sweep_records_failures_and_goes_on(tmp_path, monkeypatch):
-    import harness.train_sweep
+    import harness.runner.train_sweep
 
     # Invalid input is refused before any work (no row), so a genuine failure of a run is injected.
-    real = harness.train_sweep.train_run
+    real = harness.runner.train_sweep.train_run
 
     def train_run(cfg):
         if cfg.seed == 1:
             raise RuntimeError("injected failure")
         return real(cfg)
 
-    monkeypatch.setattr(harness.train_sweep, "train_run", train_run)
+    monkeypatch.setattr(harness.runner.train_sweep, "train_run", train_run)
     db = str(tmp_path / "t.sqlite")
     good = TrainConfig(method="default", **TINY)
     bad = TrainConfig(method="default", seed=1, **TINY)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import train_report as T
 from harness.cli import main as cli_main
-from harness.db import ResultsDB
-from harness.report import build_report
+from harness.report import training as T
+from harness.report.sweep import build_report
+from harness.store.results import ResultsDB
+from harness.store.training import TrainDB
 from harness.train import TrainConfig
-from harness.train_db import TrainDB
 
 HOSTILE = "<script>alert('t')</script>"
 STEPS, EVERY, GROW = 40, 10, 10
@@ -313,7 +313,7 @@ def test_databases_without_any_successful_run_still_exit_2(tmp_path, capsys):
 
 # ------------------------------------------------------------------ a real (tiny) training sweep
 def test_report_of_a_tiny_real_training_sweep(tmp_path):
-    from harness.train_sweep import run_train_sweep
+    from harness.runner.train_sweep import run_train_sweep
 
     tiny = dict(dataset="teacher", d_s=8, d_e=8, b=8, d_k0=2, d_k_max=4, p=2, grow_every=10, steps=30,
                 eval_every=10)

@@ -6,7 +6,7 @@ Writes, under ``out``:
   no external resource; every string from the database is HTML-escaped);
 - ``report.md``: the same text, linking ``figures/*.png``;
 - ``figures/<name>.png`` (and ``.svg`` unless ``svg=False``);
-- ``summary.csv``: one line per dataset × device × strategy (``harness.sweep.summary``);
+- ``summary.csv``: one line per dataset × device × strategy (``harness.runner.sweep.summary``);
 - ``recommendation.json``: the default-strategy recommendation (``harness.recommend``);
 - ``training_summary.csv``: when the database holds ``growbench train`` runs, one line per
   dataset × training variant (``harness.train_report.training_table``), and the section
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from . import figures as F
-from .recommend import (
+from harness.report import figures as F
+from harness.recommend import (
     NoResults,
     Recommendation,
     is_growth,
@@ -46,7 +46,7 @@ from .recommend import (
 )
 
 if TYPE_CHECKING:
-    from .train_report import TrainingSection
+    from harness.report.training import TrainingSection
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1280px;margin:2em auto;padding:0 1em;
@@ -125,8 +125,8 @@ def failed_runs(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """``harness.sweep.summary`` with the preset name of each spec."""
-    from .sweep import summary
+    """``harness.runner.sweep.summary`` with the preset name of each spec."""
+    from harness.runner.sweep import summary
 
     table = summary(frame)
     names = preset_names()
@@ -137,7 +137,7 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
 def timing_reliability(frame: pd.DataFrame) -> str:
     """How much the floor (the same work for every strategy of one dataset, seed and configuration) varied
     between runs: a direct measure of how quiet the machine was."""
-    from .recommend import CELL_COLUMNS
+    from harness.recommend import CELL_COLUMNS
 
     ok = frame[(frame.status == "ok") & (frame.t_floor > 0)]
     spread = ok.groupby(["dataset", "seed", *CELL_COLUMNS], dropna=False).t_floor.agg(["min", "max", "size"])
@@ -182,8 +182,8 @@ def infer_sweep(frame: pd.DataFrame) -> str | None:
     """The sweep preset whose configurations are exactly the database's, if any (for the regenerating command)."""
     from dataclasses import fields
 
-    from .measure import RunConfig
-    from .sweep import expand, sweep_presets
+    from harness.measure import RunConfig
+    from harness.runner.sweep import expand, sweep_presets
 
     cols = [f.name for f in fields(RunConfig)]
     try:
@@ -236,7 +236,7 @@ def _remove_stale(out: Path, figdir: Path, written: list[Path]) -> None:
 def _training(db, out: Path) -> tuple[TrainingSection | None, list[Path], str | None]:
     """The training section of ``db`` (None without a successful training run), its CSV, and the
     ``growbench train`` command that regenerates the runs when they are exactly a preset's."""
-    from . import train_report as T
+    from harness.report import training as T
 
     runs, curves = T.load_training(db)
     if not T.has_training(runs):
@@ -265,7 +265,7 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
         frame = load_frame(db)
         sweep_error = None
     except NoResults as e:
-        from . import train_report as T
+        from harness.report import training as T
 
         if not T.has_training(T.load_training(db)[0]):
             raise
@@ -400,7 +400,7 @@ def figure_markdown(r, heading: str) -> list[str]:
 
 
 def _html_training_only(training, db: str, command: str, generated: str, note: str) -> str:
-    from .train_report import section_html
+    from harness.report.training import section_html
 
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
          '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -413,7 +413,7 @@ def _html_training_only(training, db: str, command: str, generated: str, note: s
 
 
 def _markdown_training_only(training, db: str, command: str, generated: str, note: str) -> str:
-    from .train_report import section_markdown
+    from harness.report.training import section_markdown
 
     m = ["# growbench report", "", "Regenerate with:", "", "```bash", command, "```", "",
          f"Generated {generated} from `{db.replace('`', '')}`. The same report as one self-contained page: "
@@ -471,7 +471,7 @@ def _html(results, rec, rec_json, facts, summary, fails, command, generated, tra
     h += ['<h2 id="failed">Failed runs</h2>',
           _html_table(fails, wide_text=("error",)) if len(fails) else "<p>None: every run succeeded.</p>"]
     if training is not None:
-        from .train_report import section_html
+        from harness.report.training import section_html
 
         h.append(section_html(training))
     h.append("</body></html>")
@@ -514,7 +514,7 @@ def _markdown(results, rec, rec_json, facts, summary, fails, command, generated,
           "Also in [summary.csv](summary.csv). Times in ms.", "", _md_table(summary), "## Failed runs", "",
           _md_table(fails) if len(fails) else "None: every run succeeded.\n"]
     if training is not None:
-        from .train_report import section_markdown
+        from harness.report.training import section_markdown
 
         m += ["", section_markdown(training)]
     return "\n".join(m)

@@ -1,7 +1,7 @@
 """Training sweeps (``growbench train``): presets, resume, one failure recorded and the rest go on.
 
 Each run is measured in a worker (in-process or a joblib process) and written by this
-process only, with its curve, in one transaction (:mod:`harness.train_db`).
+process only, with its curve, in one transaction (:mod:`harness.store.training`).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import itertools
 
 import pandas as pd
 
-from .env import DEFAULT_THREADS, recorded
-from .sweep import in_workers, pending, store_as_finished
-from .train import TrainConfig, train_run
-from .train_db import TrainDB
-from .validate import check_threads, check_train_configs
+from harness.env import DEFAULT_THREADS, recorded
+from harness.runner.sweep import in_workers, pending, store_as_finished
+from harness.store.training import TrainDB
+from harness.train import TrainConfig, train_run
+from harness.validate import check_threads, check_train_configs
 
 BASELINES = ["default", "random", "zero", "gradmax", "fixed-small", "fixed-large"]
 

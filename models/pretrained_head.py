@@ -10,7 +10,7 @@ factors:
 
 so the pretrained query/key biases are the last rows of ``W_Q``, ``W_K`` and the head's
 width is free (the other heads keep their fused projections). The site offers the
-interface of :class:`~harness.block.GrowableAttention` for head 0: ``capture``,
+interface of :class:`~models.block.GrowableAttention` for head 0: ``capture``,
 ``captured``, ``loss_of_scores``, ``factors``, ``scale``, ``new_scale``, ``install``.
 
 Inputs never carry padding (every sequence is a full window of tokens), so no attention
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .block import Captured, check_new_factors
+from models.block import Captured, check_new_factors
 
 
 def head_factors(attention: nn.Module, head: int) -> tuple[Tensor, Tensor, float]:

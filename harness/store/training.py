@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .dbfile import DatabaseFileError, connect_read, connect_write
-from .train import config_fields
+from harness.store.dbfile import DatabaseFileError, connect_read, connect_write
+from harness.train import config_fields
 
 SUMMARY_COLUMNS = {
     "final_heldout": "REAL", "best_heldout": "REAL", "final_train": "REAL", "wall_s": "REAL",
@@ -37,13 +37,13 @@ def _columns() -> dict[str, str]:
 class TrainDB:
     """The training tables of a results database at ``path`` (created with its folder if missing).
 
-    The file is checked as :class:`harness.db.ResultsDB` checks it, before any training starts.
+    The file is checked as :class:`harness.store.results.ResultsDB` checks it, before any training starts.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.columns = _columns()
-        # Checked, created or upgraded, and marked before any training (harness.dbfile).
+        # Checked, created or upgraded, and marked before any training (harness.store.dbfile).
         self.conn = connect_write(self.path, self._create)
 
     def _create(self, conn: sqlite3.Connection) -> None:

@@ -1,6 +1,6 @@
 """The results database: one SQLite row per run, written only by the sweep's parent process.
 
-The file is checked and marked as growbench's when opened (:mod:`harness.dbfile`), and
+The file is checked and marked as growbench's when opened (:mod:`harness.store.dbfile`), and
 the run key is the table's PRIMARY KEY, so a rerun replaces rows and never duplicates them.
 
 Each row is committed as soon as its run finishes (WAL journal), so a killed sweep
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .dbfile import DatabaseFileError, connect_read, connect_write
+from harness.store.dbfile import DatabaseFileError, connect_read, connect_write
 
 # Column name -> SQLite type. Config columns first; their values (and the code version)
 # make the run key.
@@ -75,7 +75,7 @@ def read_runs(path: str | Path) -> pd.DataFrame:
 class ResultsDB:
     """A results database at ``path`` (created with its folder if missing), opened for writing.
 
-    The file is checked before anything else (:func:`harness.dbfile.connect_write`): a
+    The file is checked before anything else (:func:`harness.store.dbfile.connect_write`): a
     foreign, newer, read-only or unusable file raises :class:`DatabaseFileError` at once,
     before any measurement, and is left as it was.
     """

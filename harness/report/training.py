@@ -1,7 +1,7 @@
 """The report's training section: ``growbench train`` runs as curves, a table and a verdict.
 
 Everything is computed from the ``train_runs`` and ``train_curves`` tables
-(:func:`harness.train_db.load`); nothing here writes files (see :mod:`harness.report`,
+(:func:`harness.store.training.load`); nothing here writes files (see :mod:`harness.report.sweep`,
 which writes the figures and ``training_summary.csv`` and places the section in
 ``report.html`` and ``report.md``).
 
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import figures as F
-from .figures import FigureResult, tx
+from harness.report import figures as F
+from harness.report.figures import FigureResult, tx
 
 MAIN_METHODS = ("default", "random", "zero", "gradmax", "fixed-small", "fixed-large")
 BASELINES = ("random", "zero", "gradmax")
@@ -92,7 +92,7 @@ class TrainingSection:
 # ------------------------------------------------------------------ loading
 def load_training(db_path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(runs, curves)`` of the database; two empty frames when it has no readable training tables."""
-    from .train_db import load
+    from harness.store.training import load
 
     try:
         return load(db_path)
@@ -129,7 +129,7 @@ def latest_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """One run per configuration: a database resumed after the code changed holds the same configuration
     under several code versions (several keys); the most recently finished successful run counts (or,
     without one, the most recent failure), so that a seed is never counted twice."""
-    from .train import config_fields
+    from harness.train import config_fields
 
     if runs.empty:
         return runs.copy()
@@ -144,8 +144,8 @@ def latest_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def prepare(runs: pd.DataFrame) -> pd.DataFrame:
     """:func:`latest_runs` of ``runs`` with ``variant``, ``panel`` (dataset, plus sizes where a dataset has
     several) and ``growth_flops_share`` columns; rows sorted by panel, variant and seed."""
-    from .train import config_fields
-    from .train_sweep import variant_names
+    from harness.train import config_fields
+    from harness.runner.train_sweep import variant_names
 
     runs = runs.reindex(columns=list(dict.fromkeys([*runs.columns, *config_fields(), "status", "error",
                                                     "final_heldout", "best_heldout", "wall_s", "total_flops",
@@ -601,8 +601,8 @@ def training_facts(runs: pd.DataFrame, superseded: int = 0) -> dict:
 
 def infer_train_preset(runs: pd.DataFrame) -> str | None:
     """The ``growbench train`` preset whose configurations are exactly the database's, if any."""
-    from .train import config_fields
-    from .train_sweep import train_presets
+    from harness.train import config_fields
+    from harness.runner.train_sweep import train_presets
 
     cols = config_fields()
     try:
@@ -667,7 +667,7 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def section_html(s: TrainingSection) -> str:
     """The section as HTML (every database string escaped; figures embedded from their ``png``)."""
-    from .report import _esc, _html_table, facts_rows_html, figure_html
+    from harness.report.sweep import _esc, _html_table, facts_rows_html, figure_html
 
     h = ['<h2 id="training">Growth during training</h2>', f"<p>{_esc(INTRO)}</p>", "<table>"]
     h += facts_rows_html(s.facts)
@@ -694,7 +694,7 @@ def section_html(s: TrainingSection) -> str:
 
 def section_markdown(s: TrainingSection) -> str:
     """The section as Markdown (figures linked as ``figures/<name>.png``)."""
-    from .report import _md_esc, _md_table, figure_markdown
+    from harness.report.sweep import _md_esc, _md_table, figure_markdown
 
     m = ["## Growth during training", "", _md_esc(INTRO), "",
          _md_table(pd.DataFrame({"": list(s.facts), "value": [str(v) for v in s.facts.values()]}))]

@@ -45,14 +45,14 @@ class DatabaseFileError(ValueError):
 def _known_columns(table: str) -> set[str]:
     """Every column growbench has ever written to ``table`` (columns are only ever added)."""
     if table == "runs":
-        from .db import COLUMNS
+        from harness.store.results import COLUMNS
 
         return set(COLUMNS)
     if table == "train_runs":
-        from .train_db import _columns  # imports torch: only when an unmarked file has training runs
+        from harness.store.training import _columns  # imports torch: only when an unmarked file has training runs
 
         return set(_columns())
-    from .train_db import CURVE_COLUMNS
+    from harness.store.training import CURVE_COLUMNS
 
     return {"key", *CURVE_COLUMNS}
 

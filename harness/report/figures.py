@@ -3,7 +3,7 @@
 Every function takes the runs frame (as from :func:`harness.recommend.load_frame`) and
 returns a :class:`FigureResult`: a titled matplotlib figure with labelled axes and a
 caption that states what the data say, or only a ``note`` when the database has no
-data for that figure. Nothing here writes files (see :mod:`harness.report`).
+data for that figure. Nothing here writes files (see :mod:`harness.report.sweep`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import seaborn as sns  # noqa: E402
 
 import strategies  # noqa: E402
 
-from .recommend import CELL_COLUMNS, is_growth, preset_names, reference_runs, spec_parts  # noqa: E402
+from harness.recommend import CELL_COLUMNS, is_growth, preset_names, reference_runs, spec_parts  # noqa: E402
 
 AXES = ("averaging", "inverse", "truncation", "metric", "line_search", "method")
 AXIS_TITLES = {"averaging": "averaging", "inverse": "inverse", "truncation": "truncation", "metric": "metric-aware",

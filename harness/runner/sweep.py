@@ -20,11 +20,10 @@ from tqdm.auto import tqdm
 
 import strategies
 from datasets import DATASETS, PRETRAINED_DATASETS
-
-from .db import ResultsDB
-from .env import DEFAULT_THREADS, code_version
-from .measure import RunConfig, run_one
-from .validate import ConfigError, check_jobs, check_runs, check_threads, dataset_class
+from harness.env import DEFAULT_THREADS, code_version
+from harness.measure import RunConfig, run_one
+from harness.store.results import ResultsDB
+from harness.validate import ConfigError, check_jobs, check_runs, check_threads, dataset_class
 
 DEFAULT_DB = "results/growbench.sqlite"
 DEFAULT_CACHE = "results/cache"
