@@ -1,4 +1,4 @@
-"""The direction ``P`` from accumulated statistics, for each averaging × inverse (MATH §3)."""
+"""The direction ``P`` from accumulated statistics, for each averaging × inverse (docs/mathematics.md §3)."""
 
 from . import common
 
@@ -13,7 +13,7 @@ class TimeDirection:
     def setup(self, avg, inv, d_e):
         common.init_torch()
         self.s = common.make(f"{avg}/{inv}/full/fast:grid")
-        pr = common.SyntheticProblem(d_e=d_e)
+        pr = common.untrained_problem(d_e=d_e)
         self.stats = self.s.new_statistics().update(pr.X, pr.G)
         self.s.direction(self.stats)
 

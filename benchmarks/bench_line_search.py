@@ -1,7 +1,7 @@
-"""Choosing λ (MATH §5): each path (normal / fast) × search method (grid / bounded / newton).
+"""Choosing λ (docs/mathematics.md §5): each path (normal / fast) × search method (grid / bounded / newton).
 
-All on the reference problem (``harness.reference``, built once by ``common.reference_cache``)
-with formula 4's direction and a full-SVD truncation at ``d_k + p``.
+All on the reference problem (``datasets.teacher.reference_problem``, built once by
+``common.reference_cache``) with formula 4's direction and a full-SVD truncation at ``d_k + p``.
 """
 
 from . import common
@@ -20,7 +20,7 @@ class TimeLineSearch:
 
     def setup(self, cache, path, method):
         strategies = common.require("strategies", "REGISTRY")
-        self.prob = common.search_problem(common.ReferenceProblem(cache))
+        self.prob = common.search_problem(common.ReferenceProblem(cache), common.make("gram/solve/full/fast:grid"))
         try:
             self.ls = strategies.REGISTRY["line_search"][path](method=method)
         except (KeyError, ValueError):

@@ -1,4 +1,4 @@
-"""Memory of the statistics (MATH §3): streaming formulas keep ``O(d_e²)``, joint keeps every ``X_b``.
+"""Memory of the statistics (docs/mathematics.md §3): streaming formulas keep ``O(d_e²)``, joint keeps every ``X_b``.
 
 asv's ``peakmem_*`` is the process's peak resident set size, setup included (the
 torch import, ~270 MB, is the floor). Updating the same statistics with 10 batches
@@ -17,7 +17,7 @@ def _batches(n, b, seed=common.SEED):
     """``n`` fresh batches ``(X, G)``, made one at a time so that only one is alive."""
     torch = common.init_torch()
     gen = torch.Generator().manual_seed(seed)
-    L = common.anisotropic_cholesky(common.D_E, common.COND, gen).float()
+    L = torch.linalg.cholesky(common.anisotropic_covariance(common.D_E, common.COND, gen)).float()
     for _ in range(n):
         X = torch.randn(b, common.D_S, common.D_E, generator=gen) @ L.mT
         G = torch.randn(b, common.D_S, common.D_S, generator=gen) / common.D_S

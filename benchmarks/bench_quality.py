@@ -1,4 +1,4 @@
-"""Quality of one growth per preset on the reference problem (MATH §7), as asv ``track_*`` values.
+"""Quality of one growth per preset on the reference problem (docs/mathematics.md §7), as asv ``track_*`` values.
 
 Every value is oriented so that lower is better, like a time: a commit that makes a
 strategy worse shows up in ``asv compare`` / ``asv continuous`` as a regression, exactly

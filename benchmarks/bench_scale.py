@@ -30,7 +30,7 @@ class ScaleSet:
 
     def setup(self, spec, d_e):
         b, d_s, d_k, p = SCALE_SET[d_e]
-        self.prob = common.SyntheticProblem(b=b, d_s=d_s, d_e=d_e, d_k=d_k)
+        self.prob = common.untrained_problem(b=b, d_s=d_s, d_e=d_e, d_k=d_k)
         self.p = p
         self.s = common.make(spec)
         self.r = self._grow()  # warm-up, and the result the track_* values read
@@ -59,22 +59,17 @@ class ScaleSet:
 
     def track_path_shortfall(self, spec, d_e):
         torch = common.init_torch()
-        strategies = common.require("strategies", "build_search_problem", "StepContext", "truncated_scores")
+        strategies = common.require("strategies", "truncated_scores")
         pr, s = self.prob, self.s
         if not hasattr(s, "truncation"):
             common.skip("baselines take no step")
-        stats = s.new_statistics().update(pr.X, pr.G)
+        prob = common.search_problem(pr, s, pr.W_Q.shape[1] + self.p)
         with torch.no_grad():
-            Z = pr.scale * pr.W_Q @ pr.W_K.mT
-            S0 = pr.X @ Z @ pr.X.mT
-            ctx = strategies.StepContext(X=pr.X, G=pr.G, mask=None, loss=pr.loss_of_scores, Z=Z, S0=S0,
-                                         loss0=float(pr.loss_of_scores(S0)), scale=pr.scale, new_scale=pr.scale)
-            prob = strategies.build_search_problem(s, stats, ctx, pr.W_Q.shape[1] + self.p)
             lams = [prob.lam_unit * 10 ** (-3 + 5 * i / 39) for i in range(40)]
-            best = min(float(pr.loss_of_scores(strategies.truncated_scores(pr.X, *prob.truncate(Z - lam * prob.P_hat))))
+            best = min(float(prob.loss(strategies.truncated_scores(pr.X, *prob.truncate(prob.Z - lam * prob.P_hat))))
                        for lam in lams)
         decrease = self.r.loss_before - self.r.loss_after
-        return 1.0 - decrease / (ctx.loss0 - best) if ctx.loss0 > best else 0.0
+        return 1.0 - decrease / (prob.loss0 - best) if prob.loss0 > best else 0.0
 
     track_path_shortfall.unit = "1 - share"
 

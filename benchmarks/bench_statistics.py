@@ -1,4 +1,4 @@
-"""Statistics accumulation: ``Statistics.update`` over one batch, per averaging formula (MATH §3)."""
+"""Statistics accumulation: ``Statistics.update`` over one batch, per averaging formula (docs/mathematics.md §3)."""
 
 from . import common
 
@@ -13,7 +13,7 @@ class TimeStatisticsUpdate:
     def setup(self, kind, b, d_e):
         common.init_torch()
         self.s = common.make(common.spec_of(kind))
-        pr = common.SyntheticProblem(b=b, d_e=d_e)
+        pr = common.untrained_problem(b=b, d_e=d_e)
         self.X, self.G = pr.X, pr.G
         self.s.new_statistics().update(self.X, self.G)  # first-call overheads out of the samples
 

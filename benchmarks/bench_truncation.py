@@ -1,4 +1,4 @@
-"""Truncated SVD ``T_r`` of a step ``Z − λP̂`` (MATH §4): full vs randomised, plain vs metric-aware."""
+"""Truncated SVD ``T_r`` of a step ``Z − λP̂`` (docs/mathematics.md §4): full vs randomised, plain vs metric-aware."""
 
 from . import common
 
@@ -28,8 +28,7 @@ class TimeTruncation:
         self.rank = rank
         self.metric = None
         if metric:
-            L = common.anisotropic_cholesky(d_e, common.COND, gen).float()
-            self.metric = trunc_mod.Metric(L @ L.mT)
+            self.metric = trunc_mod.Metric(common.anisotropic_covariance(d_e, common.COND, gen).float())
         self.trunc(self.Y, self.rank, self.metric)
 
     def time_truncate(self, name, metric, d_e, rank):

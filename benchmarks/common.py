@@ -12,15 +12,15 @@ when growbench is not installed at all (``asv run --python=same`` outside its ve
 
 torch runs on ``THREADS`` intra-op threads (1 unless ``GROWBENCH_BENCH_THREADS`` says otherwise).
 
-Sizes default to the reference problem of ``harness.reference`` and the README:
-b=256, d_s=128, d_e=64, d_k=8, p=8, cond(Σ)=100.
+Every problem is ``datasets.teacher.reference_problem`` (the README's reference measurement):
+warmed up and cached by :func:`reference_cache` at the reference size b=256, d_s=128,
+d_e=64, d_k=8, p=8, cond(Σ)=100, or untrained at any size by :func:`untrained_problem`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import importlib
-import math
 import os
 
 try:  # Preloaded: with asv's forkserver (asv.conf.json) every benchmark process starts with them imported.
@@ -42,21 +42,22 @@ B, D_S, D_E, D_K, P = 256, 128, 64, 8, 8
 COND = 100.0
 SEED = 0
 
-# Preset names as of this suite. asv fixes ``params`` at discovery, and every benchmark
-# process must see the same list, so it is spelled out instead of read from
-# ``strategies.presets()``; ``setup`` skips a preset that a commit does not know.
-# Keep in sync with ``strategies.presets()`` when a preset is added.
+# Names as of this suite, spelled out instead of read from ``strategies.REGISTRY``,
+# ``strategies.line_search.METHODS`` and ``strategies.presets()``: asv fixes ``params`` at
+# discovery, then every benchmark process re-imports this module under the commit it
+# measures and picks its parameters by index, so a list read from that commit's registry
+# would shift the indices (and mislabel results) at any commit with other names. ``setup``
+# skips a name that a commit does not know. Append here when the registry gains a name.
 PRESETS = ["formula1", "formula2", "formula3", "formula4", "joint", "random", "zero", "gradmax", "default"]
-
 # Component names of the spec grid ("averaging/inverse/truncation[+metric]/line_search:method").
 AVERAGINGS = ["per-sample", "gram", "mean-input", "joint"]
 INVERSES = ["pinv", "solve"]
 TRUNCATIONS = ["full", "rsvd"]
 LINE_SEARCHES = ["normal", "fast"]
-METHODS = ["grid", "bounded", "newton", "quadratic"]  # quadratic: since 75fb517
+METHODS = ["grid", "bounded", "newton", "quadratic"]  # quadratic: since 75fb517; bracket not yet benchmarked
 
 # Statistics kinds: per-sample's update depends on the inverse, the others' do not.
-STAT_KINDS = ["per-sample/pinv", "per-sample/solve", "gram", "mean-input", "joint"]
+STAT_KINDS = [f"per-sample/{inv}" for inv in INVERSES] + [avg for avg in AVERAGINGS if avg != "per-sample"]
 
 
 def strict() -> bool:
@@ -123,60 +124,33 @@ def make(spec: str):
         skip(f"spec {spec!r} unknown at this commit: {e}")
 
 
-def anisotropic_cholesky(d: int, cond: float, gen):
-    """Cholesky factor of a random SPD ``(d, d)`` covariance with eigenvalues geometric from 1 to ``1/cond``."""
-    torch = init_torch()
-    Q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
-    w = torch.logspace(0, -math.log10(cond), d, dtype=torch.float64)
-    return torch.linalg.cholesky((Q * w) @ Q.T)
+def _problem_module():
+    """The module that builds the teacher–student problem: ``datasets.teacher``, or
+    ``harness.reference`` at the commits before it moved (skips when neither has it)."""
+    try:
+        return require("datasets.teacher", "reference_problem")
+    except NotImplementedError:
+        return require("harness.reference", "reference_problem")
 
 
-def inputs(b: int = B, d_s: int = D_S, d_e: int = D_E, cond: float = COND, seed: int = SEED, gen=None):
-    """Anisotropic inputs ``X (b, d_s, d_e) ~ N(0, Σ)``, float32."""
-    torch = init_torch()
-    gen = torch.Generator().manual_seed(seed) if gen is None else gen
-    L = anisotropic_cholesky(d_e, cond, gen)
-    return (torch.randn(b, d_s, d_e, generator=gen, dtype=torch.float64) @ L.T).float()
+def anisotropic_covariance(d: int, cond: float, gen):
+    """``datasets.teacher.anisotropic_covariance``: SPD ``(d, d)`` float64, eigenvalues from 1 to ``1/cond``."""
+    init_torch()
+    return require("datasets.teacher", "anisotropic_covariance").anisotropic_covariance(d, cond, gen)
 
 
-class SyntheticProblem:
-    """A seeded teacher–student attention problem at any size, built in well under a second.
+def untrained_problem(b: int = B, d_s: int = D_S, d_e: int = D_E, d_k: int = D_K, cond: float = COND,
+                      seed: int = SEED):
+    """The reference problem at any size without its warm-up (a captured batch at initialisation).
 
-    Like ``harness.reference.reference_problem`` but without the warm-up and without the
-    project's block (so it is independent of the commit under test): the student's scores
-    ``S = X Z Xᵀ`` (``Z = c W_Q W_Kᵀ``, rank ``d_k``) feed ``softmax(S) X W_V`` and an MSE
-    against a teacher of rank ``2 d_k``. ``G = ∂L/∂S`` comes from autograd; the loss closure
-    is differentiable twice (for the Newton line search).
+    Built in well under a second, so every ``setup`` builds its own. The teacher has rank
+    ``2 d_k`` (16 for the reference ``d_k = 8``). Returns a ``GrowthProblem``: ``X``
+    (b, d_s, d_e), ``G`` (b, d_s, d_s), ``W_Q``, ``W_K``, ``scale``, ``mask`` (None) and a
+    ``loss_of_scores`` differentiable twice (for the Newton line search).
     """
-
-    def __init__(self, b: int = B, d_s: int = D_S, d_e: int = D_E, d_k: int = D_K, cond: float = COND,
-                 seed: int = SEED, sharpness: float = 4.0) -> None:
-        torch = init_torch()
-        gen = torch.Generator().manual_seed(seed)
-        self.X = inputs(b, d_s, d_e, cond, gen=gen)
-        scale = 1.0 / math.sqrt(d_k)
-
-        def randn(*shape, std):
-            return torch.randn(*shape, generator=gen) * std
-
-        std = 1.0 / math.sqrt(d_e)
-        T_Q, T_K = randn(d_e, 2 * d_k, std=sharpness * std), randn(d_e, 2 * d_k, std=sharpness * std)
-        self.W_Q, self.W_K = randn(d_e, d_k, std=std), randn(d_e, d_k, std=std)
-        W_V = randn(d_e, d_e, std=std)
-        self.V = self.X @ W_V
-        with torch.no_grad():
-            S_t = self.X @ ((T_Q @ T_K.mT) / math.sqrt(2 * d_k)) @ self.X.mT
-            self.target = torch.softmax(S_t, dim=-1) @ self.V
-        self.scale = scale
-        self.mask = None
-        S = (self.X @ (scale * self.W_Q @ self.W_K.mT) @ self.X.mT).requires_grad_(True)
-        with torch.enable_grad():
-            (self.G,) = torch.autograd.grad(self.loss_of_scores(S), S)
-
-    def loss_of_scores(self, S):
-        import torch
-
-        return torch.nn.functional.mse_loss(torch.softmax(S, dim=-1) @ self.V, self.target)
+    init_torch()
+    return _problem_module().reference_problem(b=b, d_s=d_s, d_e=d_e, d_k=d_k, teacher_d_k=2 * d_k, cond=cond,
+                                               warmup_steps=0, seed=seed)
 
 
 # ----------------------------------------------------------------------------- reference problem
@@ -184,46 +158,42 @@ def _closure_value(fn, name: str):
     return dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))[name].cell_contents
 
 
+def _picklable_rest(pr):
+    """``pr.rest``; at the commits before ``GrowthProblem`` had it, the same MSE rebuilt from the
+    teacher's target in ``pr.loss_of_scores``'s closure. None if neither is there."""
+    if hasattr(pr, "rest"):
+        return pr.rest
+    try:
+        target = _closure_value(_closure_value(pr.loss_of_scores, "rest"), "target")
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return functools.partial(init_torch().nn.functional.mse_loss, target=target)
+
+
 def reference_cache():
-    """asv ``setup_cache``: build ``harness.reference.reference_problem()`` once per run.
+    """asv ``setup_cache``: build ``datasets.teacher.reference_problem()`` once per run.
 
     It takes ~15 s (20 Adam warm-up steps), so it is built once for every suite that
     uses it: they all set ``setup_cache = staticmethod(common.reference_cache)``, and asv
     keys the cache by this function (module and line), so one build serves them all.
-    The loss closure is not picklable; the block (which keeps its captured input) and the
-    teacher's target are, and :func:`reference_problem` rebuilds the closure from them.
-    Returns ``None`` when the commit lacks the reference problem (benchmarks then skip).
+    The loss closure is not picklable; the block (which keeps its captured input) and
+    ``rest`` (the MSE to the teacher's output) are, and :class:`ReferenceProblem` rebuilds
+    the closure from them. Returns ``None`` when the commit lacks the reference problem
+    (benchmarks then skip).
     """
     init_torch()
     try:
-        ref = require("harness.reference", "reference_problem")
+        pr = _problem_module().reference_problem(b=B, d_s=D_S, d_e=D_E, d_k=D_K, cond=COND, seed=SEED)
     except NotImplementedError:
         return None
-    pr = ref.reference_problem(b=B, d_s=D_S, d_e=D_E, d_k=D_K, cond=COND, seed=SEED)
-    out = {"X": pr.X, "G": pr.G, "mask": pr.mask, "scale": pr.scale, "W_Q": pr.W_Q, "W_K": pr.W_K,
-           "block": None, "target": None}
-    try:
-        rest = _closure_value(pr.loss_of_scores, "rest")
-        out["target"] = _closure_value(rest, "target")
-        out["block"] = pr.block
-    except (AttributeError, KeyError, TypeError, ValueError):
-        pass  # a different closure layout: reference_problem() rebuilds it in each setup (slow)
-    return out
+    rest = _picklable_rest(pr)
+    # Without ``rest`` (a closure layout this suite does not know), ReferenceProblem rebuilds the
+    # whole problem in each setup: slow, but the same numbers.
+    return {"X": pr.X, "G": pr.G, "mask": pr.mask, "scale": pr.scale, "W_Q": pr.W_Q, "W_K": pr.W_K,
+            "block": pr.block if rest is not None else None, "rest": rest}
 
 
 reference_cache.timeout = 600
-
-
-class _MSE:
-    """``rest(Y)`` of the reference problem: MSE against the teacher's output."""
-
-    def __init__(self, target) -> None:
-        self.target = target
-
-    def __call__(self, Y):
-        import torch
-
-        return torch.nn.functional.mse_loss(Y, self.target)
 
 
 class ReferenceProblem:
@@ -232,15 +202,14 @@ class ReferenceProblem:
     def __init__(self, cache: dict | None) -> None:
         init_torch()
         if cache is None:
-            skip("harness.reference.reference_problem is missing at this commit")
+            skip("datasets.teacher.reference_problem is missing at this commit")
         for k in ("X", "G", "mask", "scale", "W_Q", "W_K"):
             setattr(self, k, cache[k])
         if cache["block"] is not None:
-            self.loss_of_scores = cache["block"].loss_of_scores(_MSE(cache["target"]), 0)
+            self.loss_of_scores = cache["block"].loss_of_scores(cache["rest"], 0)
         else:
-            ref = require("harness.reference", "reference_problem")
-            self.loss_of_scores = ref.reference_problem(b=B, d_s=D_S, d_e=D_E, d_k=D_K, cond=COND,
-                                                        seed=SEED).loss_of_scores
+            self.loss_of_scores = _problem_module().reference_problem(b=B, d_s=D_S, d_e=D_E, d_k=D_K, cond=COND,
+                                                                      seed=SEED).loss_of_scores
 
     def grow(self, strategy, p: int = P, stats=None):
         kw = {} if stats is None else {"stats": stats}
@@ -248,56 +217,26 @@ class ReferenceProblem:
                              scale=self.scale, mask=self.mask, **kw)
 
 
-def search_problem(prob, averaging: str = "gram/solve", rank: int = D_K + P, truncation=None):
-    """The ``strategies.line_search.SearchProblem`` that ``GrowthStrategy.grow`` builds for ``prob``.
+def search_problem(prob, strategy, rank: int = D_K + P):
+    """The ``strategies.SearchProblem`` that ``strategy.grow`` builds on ``prob``'s batch at ``rank``.
 
-    Direction from ``averaging`` (formula 4 by default), normalised so ``‖X P̂ Xᵀ‖ = 1``,
-    truncation ``truncation`` (default: full SVD, no metric) at ``rank``. The loss is
-    wrapped to count calls (``.calls``). ``slope0`` is filled where the commit's
-    ``SearchProblem`` has it; skips when its fields differ otherwise.
+    Statistics of that batch alone, factors and scale unchanged (``new_scale = scale``), by
+    ``strategies.build_search_problem``, the builder ``grow`` itself uses. Skips when the
+    commit lacks it or when the direction is zero on the batch (no search to time).
     """
     torch = init_torch()
-    ls_mod = require("strategies.line_search", "SearchProblem")
-    strategies = require("strategies", "REGISTRY")
-    s = make(f"{averaging}/full/fast:grid")
+    strategies = require("strategies", "build_search_problem", "StepContext")
     X, G, mask = prob.X, prob.G, prob.mask
+    stats = strategy.new_statistics().update(X, G, mask)
     with torch.no_grad():
-        P = s.direction(X, G, mask)
         Z = prob.scale * prob.W_Q @ prob.W_K.mT
         S0 = X @ Z @ X.mT
-        D = X @ P @ X.mT
-        if mask is not None:
-            D = D * mask
-        norm = float(torch.linalg.vector_norm(D))
-    trunc = truncation or strategies.REGISTRY["truncation"]["full"](metric=False)
-    counted = CountedLoss(prob.loss_of_scores)
-    n_entries = D.numel() if mask is None else int(mask.expand(X.shape[0], -1, -1).sum())
-    with torch.no_grad():
-        loss0 = float(prob.loss_of_scores(S0))
-    kw = {
-        "loss": counted, "X": X, "Z": Z, "P_hat": P / norm, "S0": S0, "D_hat": D / norm, "loss0": loss0,
-        "truncate": lambda Y: trunc(Y, rank, None), "lam_unit": math.sqrt(max(n_entries, 1)),
-    }
-    fields = {f.name for f in dataclasses.fields(ls_mod.SearchProblem)}
-    if "slope0" in fields:  # φ'(0) = −⟨G, X P̂ Xᵀ⟩, free for the fast path (since 75fb517)
-        kw["slope0"] = float(-(G * kw["D_hat"]).sum())
-    missing = fields - set(kw) - {f.name for f in dataclasses.fields(ls_mod.SearchProblem)
-                                  if f.default is not dataclasses.MISSING}
-    if missing or set(kw) - fields:
-        skip(f"SearchProblem has other fields at this commit: {sorted(fields)}")
-    return ls_mod.SearchProblem(**kw)
-
-
-class CountedLoss:
-    """Counts calls of a loss closure."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-        self.calls = 0
-
-    def __call__(self, S):
-        self.calls += 1
-        return self.fn(S)
+        ctx = strategies.StepContext(X=X, G=G, mask=mask, loss=prob.loss_of_scores, Z=Z, S0=S0,
+                                     loss0=float(prob.loss_of_scores(S0)), scale=prob.scale, new_scale=prob.scale)
+        out = strategies.build_search_problem(strategy, stats, ctx, rank)
+    if out is None:
+        skip(f"{strategy.spec}: no search problem ({'; '.join(ctx.log)})")
+    return out
 
 
 def fix_malloc_threshold(nbytes: int = 1 << 20) -> bool:

@@ -1,4 +1,4 @@
-"""In-context linear regression (seed 003, von Oswald et al. 2023).
+"""In-context linear regression (docs/mathematics.md §11.2; von Oswald et al. 2023).
 
 Each sequence is its own regression task: ``w ~ N(0, I_d)``, ``x_i ~ N(0, I_d)``,
 ``y_i = wᵀx_i + ε_i`` with ``ε_i ~ N(0, σ²)``. The ``N = d_s - 1`` context tokens are

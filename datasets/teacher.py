@@ -1,15 +1,23 @@
-"""Teacher–student attention on anisotropic inputs (the seed author's own setting).
+"""Teacher–student attention on anisotropic inputs (docs/mathematics.md §1, §11.1).
 
 A fixed teacher :class:`~models.block.GrowableAttention` with a larger query/key width
 ``teacher_d_k`` and sharpened scores maps inputs ``X ~ N(0, Σ)`` to targets. The student
 copies the teacher's values and output projection, so at initialisation the only mismatch
 is in the scores and the optimum is known: a student whose ``Z = c W_Q W_Kᵀ`` equals the
-teacher's reaches zero loss (MATH.md §1).
+teacher's reaches zero loss (docs/mathematics.md §1).
+
+Two users share the pieces here (covariance, sampling, teacher, value copy):
+:class:`TeacherDataset`, the ``teacher`` data set of the sweeps, and
+:func:`reference_problem`, one captured batch of a briefly trained student (the
+README's reference measurement, ``growbench example`` and the asv suites).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,6 +33,76 @@ def anisotropic_covariance(d: int, cond: float, gen: torch.Generator) -> Tensor:
     Q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
     w = torch.logspace(0, -math.log10(cond), d, dtype=torch.float64)
     return (Q * w) @ Q.T
+
+
+def anisotropic_inputs(b: int, d_s: int, chol: Tensor, gen: torch.Generator) -> Tensor:
+    """Inputs ``X ~ N(0, Σ)`` with ``Σ = L Lᵀ``.
+
+    Parameters
+    ----------
+    b, d_s : int
+        Batch size and sequence length.
+    chol : Tensor, (d_e, d_e) float64
+        Cholesky factor ``L`` of ``Σ`` (of :func:`anisotropic_covariance`, say).
+    gen : torch.Generator
+        Source of the draw.
+
+    Returns
+    -------
+    Tensor, (b, d_s, d_e) float64
+    """
+    return torch.randn(b, d_s, chol.shape[0], generator=gen, dtype=torch.float64) @ chol.T
+
+
+def sharpened_teacher(d_e: int, d_k: int, sharpness: float, *, causal: bool, generator: torch.Generator,
+                      dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+                      ) -> GrowableAttention:
+    """A frozen one-head teacher block whose ``W_Q`` and ``W_K`` are multiplied by ``sharpness``.
+
+    Parameters
+    ----------
+    d_e, d_k : int
+        Embedding width and the teacher's query/key width (the rank of its ``Z``).
+    sharpness : float
+        Factor on ``W_Q`` and ``W_K`` (so ``Z`` scales by its square): larger means peakier attention.
+    causal : bool
+        Causal mask.
+    generator : torch.Generator
+        Source of the initialisation.
+
+    Returns
+    -------
+    GrowableAttention
+        Parameters without gradients; maps ``(b, d_s, d_e)`` to ``(b, d_s, d_e)``.
+    """
+    teacher = GrowableAttention(d_e, d_k, causal=causal, generator=generator, dtype=dtype, device=device)
+    with torch.no_grad():
+        teacher.heads[0].W_Q.mul_(sharpness)
+        teacher.heads[0].W_K.mul_(sharpness)
+    teacher.requires_grad_(False)
+    return teacher
+
+
+def copy_values_and_output(student: GrowableAttention, teacher: GrowableAttention) -> None:
+    """Give every head of ``student`` the teacher's ``W_V`` and ``W_O / n_heads``, so only the scores differ.
+
+    A row for the student's bias input stays zero (``b_O`` starts at zero), so any number of
+    heads whose ``Z`` all equal the teacher's reproduces the teacher exactly.
+
+    Parameters
+    ----------
+    student : GrowableAttention
+        ``d_v`` equal to the teacher's; changed in place.
+    teacher : GrowableAttention
+        One head, no bias.
+    """
+    W_V = teacher.heads[0].W_V.detach()
+    W_O = teacher.W_O.detach() / student.n_heads
+    with torch.no_grad():
+        for h in student.heads:
+            h.W_V.zero_()
+            h.W_V[: teacher.d_e].copy_(W_V)
+        student.W_O.copy_(W_O.repeat(student.n_heads, 1))
 
 
 def _mse(pred: Tensor, target: Tensor) -> Tensor:
@@ -53,9 +131,8 @@ class TeacherDataset(Dataset):
     Notes
     -----
     The student built by :meth:`build_model` has ``d_v = d_e`` per head (the teacher's
-    width) and copies the teacher's ``W_V`` into every head and ``W_O / n_heads`` into every
-    head's block of ``W_O`` (a zero row for the bias input, ``b_O = 0``). Hence any number
-    of heads whose ``Z`` all equal the teacher's reproduces the teacher exactly.
+    width) and the teacher's values and output (:func:`copy_values_and_output`). Hence any
+    number of heads whose ``Z`` all equal the teacher's reproduces the teacher exactly.
     """
 
     name = "teacher"
@@ -77,12 +154,8 @@ class TeacherDataset(Dataset):
         sigma = anisotropic_covariance(self.d_e, o["cond"], self._generator("covariance"))
         self._chol = torch.linalg.cholesky(sigma)  # (d_e, d_e), X = N(0, I) @ L^T
         # float64 so that targets are exact to float32 rounding and float64 students can reach ~0 loss.
-        self.teacher = GrowableAttention(self.d_e, o["teacher_d_k"], causal=self.causal,
-                                         generator=self._generator("teacher"), dtype=torch.float64)
-        with torch.no_grad():
-            self.teacher.heads[0].W_Q.mul_(o["teacher_sharpness"])
-            self.teacher.heads[0].W_K.mul_(o["teacher_sharpness"])
-        self.teacher.requires_grad_(False)
+        self.teacher = sharpened_teacher(self.d_e, o["teacher_d_k"], o["teacher_sharpness"], causal=self.causal,
+                                         generator=self._generator("teacher"))
 
     @property
     def covariance(self) -> Tensor:
@@ -133,7 +206,7 @@ class TeacherDataset(Dataset):
         """``(X, teacher(X))``, both (b, d_s, d_e) float32; see :meth:`Dataset.batch`."""
         self._check_batch_args(b, split, index)
         gen = self._generator("data", split, index)
-        X = torch.randn(b, self.d_s, self.d_e, generator=gen, dtype=torch.float64) @ self._chol.T
+        X = anisotropic_inputs(b, self.d_s, self._chol, gen)
         # Chunks bound the float64 (chunk, d_s, d_s) score tensors (about 128 MiB) for long sequences.
         chunk = max(1, 2**24 // (self.d_s * self.d_s))
         with torch.no_grad():
@@ -145,11 +218,99 @@ class TeacherDataset(Dataset):
         """Student with the teacher's values and output (see class notes); only its scores differ."""
         block = self._block(d_k, self._generator("model"), n_heads=n_heads, bias=bias, scale_policy=scale_policy,
                             dtype=dtype, device=device, d_v=self.teacher.d_v)
-        W_V = self.teacher.heads[0].W_V.detach()
-        W_O = self.teacher.W_O.detach() / n_heads
-        with torch.no_grad():
-            for h in block.heads:
-                h.W_V.zero_()
-                h.W_V[: self.d_e].copy_(W_V)
-            block.W_O.copy_(W_O.repeat(n_heads, 1))
+        copy_values_and_output(block, self.teacher)
         return GrowthModel(nn.Identity(), block, nn.Identity(), _mse)
+
+
+# ------------------------------------------------------------------ reference problem
+@dataclass
+class GrowthProblem:
+    """One captured batch of a student block, ready for ``strategy.grow``."""
+
+    block: GrowableAttention
+    X: Tensor  # (b, d_s, d_e) as the projections see it
+    G: Tensor  # (b, d_s, d_s)
+    mask: Tensor | None
+    loss_of_scores: Callable[[Tensor], Tensor]
+    scale: float
+    W_Q: Tensor
+    W_K: Tensor
+    # ``Y (b, d_s, d_e) -> loss``; picklable, unlike ``loss_of_scores``, so that the asv
+    # suites can cache the problem and rebuild the closure as ``block.loss_of_scores(rest)``.
+    rest: Callable[[Tensor], Tensor]
+
+
+def reference_problem(
+    b: int = 256,
+    d_s: int = 128,
+    d_e: int = 64,
+    d_k: int = 8,
+    teacher_d_k: int = 16,
+    cond: float = 100.0,
+    teacher_sharpness: float = 4.0,
+    warmup_steps: int = 20,
+    causal: bool = False,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> GrowthProblem:
+    """Build, warm up and capture a teacher–student problem (the README's reference measurement).
+
+    The teacher and student are those of :class:`TeacherDataset`, but every draw comes
+    from generators seeded by ``seed`` directly (inputs ``seed``, teacher ``seed + 1``,
+    student ``seed + 2``), so that the reference numbers stay those recorded before the
+    data sets existed. The student takes ``warmup_steps`` Adam steps on ``W_Q, W_K`` so
+    that growth is measured at a trained point; then one fresh batch is captured.
+
+    Parameters
+    ----------
+    b, d_s, d_e, d_k : int
+        Batch, sequence length, embedding width, student's query/key width.
+    teacher_d_k : int
+        Teacher's query/key width (the rank a grown student can recover).
+    cond : float
+        Condition number of the input covariance (anisotropy).
+    teacher_sharpness : float
+        Factor on the teacher's ``W_Q`` and ``W_K``: larger means peakier attention.
+    warmup_steps : int
+        Adam steps on the student before capturing (0: capture at initialisation).
+    causal : bool
+        Causal mask in teacher and student.
+    seed : int
+        Seed of inputs, teacher and student.
+    dtype, device
+        Of both blocks and of the captured tensors; inputs are drawn in float64 on the CPU.
+
+    Returns
+    -------
+    GrowthProblem
+        ``X`` (b, d_s, d_e), ``G = ∂L/∂S`` (b, d_s, d_s) of the MSE to the teacher's output.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    chol = torch.linalg.cholesky(anisotropic_covariance(d_e, cond, gen))
+
+    def sample() -> Tensor:
+        return anisotropic_inputs(b, d_s, chol, gen).to(dtype=dtype, device=device)
+
+    teacher = sharpened_teacher(d_e, teacher_d_k, teacher_sharpness, causal=causal,
+                                generator=torch.Generator().manual_seed(seed + 1), dtype=dtype, device=device)
+    student = GrowableAttention(d_e, d_k, causal=causal, generator=torch.Generator().manual_seed(seed + 2),
+                                dtype=dtype, device=device)
+    copy_values_and_output(student, teacher)
+    opt = torch.optim.Adam([student.heads[0].W_Q, student.heads[0].W_K], lr=1e-2)
+    for _ in range(warmup_steps):
+        Xw = sample()
+        with torch.no_grad():
+            Yw = teacher(Xw)
+        opt.zero_grad()
+        nn.functional.mse_loss(student(Xw), Yw).backward()
+        opt.step()
+    X = sample()
+    with torch.no_grad():
+        rest = partial(nn.functional.mse_loss, target=teacher(X))
+    with student.capture():
+        rest(student(X)).backward()
+    cap = student.captured(0)
+    W_Q, W_K = student.factors(0)
+    return GrowthProblem(student, cap.Xa, cap.G, cap.mask, student.loss_of_scores(rest, 0), student.scale(0),
+                         W_Q, W_K, rest)

@@ -16,6 +16,8 @@ from typing import NoReturn
 
 import strategies
 from harness.env import DEFAULT_THREADS
+from harness.plugins import load_plugins
+from harness.runner.sweep import DEFAULT_CACHE, DEFAULT_DB
 from harness.validate import ConfigError
 
 # The option that sets each configuration field a ConfigError can name, per command (the rest are
@@ -237,7 +239,7 @@ def _cmd_example(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from harness.report.sweep import build_report
+    from harness.report.build import build_report
     from harness.store.dbfile import check_output_dir
 
     check_output_dir(args.out)  # before any work: an existing file or a read-only folder is refused in one line
@@ -334,114 +336,140 @@ def _cmd_targets(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``growbench``."""
-    from harness.runner.sweep import DEFAULT_CACHE, DEFAULT_DB
-
+    """The argument parser of ``growbench``: one sub-parser per command, each added by its own function."""
     parser = _Parser(prog="growbench", description="Benchmark strategies that grow attention's d_k.")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in (_add_list, _add_run, _add_train, _add_export, _add_targets, _add_example, _add_report,
+                        _add_recommend):
+        add_command(sub)
+    return parser
 
-    p_list = sub.add_parser("list", help="list strategies, presets, datasets and sweep presets")
-    p_list.add_argument("--json", action="store_true", help="machine-readable output")
-    p_list.set_defaults(func=_cmd_list)
 
-    p_run = sub.add_parser("run", help="run an ablation sweep into the results database",
-                           description="Run the product strategies × datasets × sizes × seeds × devices. "
-                                       "List options override the preset's values.")
-    p_run.add_argument("--preset", help="sweep preset: smoke (<1 min), quick (<10 min), full")
-    p_run.add_argument("--strategies", type=_csv(str), help="comma-separated specs or preset names")
-    p_run.add_argument("--datasets", type=_csv(str), help="comma-separated dataset names")
+def _add_list(sub: argparse._SubParsersAction) -> None:
+    """The ``list`` command."""
+    parser = sub.add_parser("list", help="list strategies, presets, datasets and sweep presets")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=_cmd_list)
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    """The ``run`` command."""
+    parser = sub.add_parser("run", help="run an ablation sweep into the results database",
+                            description="Run the product strategies × datasets × sizes × seeds × devices. "
+                                        "List options override the preset's values.")
+    parser.add_argument("--preset", help="sweep preset: smoke (<1 min), quick (<10 min), full")
+    parser.add_argument("--strategies", type=_csv(str), help="comma-separated specs or preset names")
+    parser.add_argument("--datasets", type=_csv(str), help="comma-separated dataset names")
     for axis, what in (("d-s", "sequence lengths"), ("d-e", "embedding widths"), ("b", "batch sizes"),
                        ("d-k", "initial query/key widths"), ("p", "columns added"), ("seeds", "seeds")):
-        p_run.add_argument(f"--{axis}", dest=axis.replace("-", "_"), type=_csv(int), help=f"comma-separated {what}")
-    p_run.add_argument("--devices", type=_csv(str), help="comma-separated devices (cpu, cuda)")
-    p_run.add_argument("--n-batches", type=_int_at_least(1), help="batches of statistics per run")
-    p_run.add_argument("--repeats", type=_int_at_least(1), help="timed repeats per run (median reported)")
-    p_run.add_argument("--warmup-steps", type=_int_at_least(0), help="training steps before growth")
-    p_run.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    p_run.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
-    p_run.add_argument("--no-cache", action="store_true", help="retrain every model, cache nothing")
-    p_run.add_argument("--resume", action="store_true", help="skip runs already in the database")
-    p_run.add_argument("--retry-failed", action="store_true", help="with --resume, run stored failures again")
-    p_run.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel workers (joblib backend)")
-    _threads_and_memory(p_run)
-    p_run.add_argument("--backend", default="joblib", choices=["joblib", "dask"])
-    p_run.add_argument("--scheduler", help="Dask scheduler address (dask backend; default: a local cluster)")
-    p_run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p_run.set_defaults(func=_cmd_run)
+        parser.add_argument(f"--{axis}", dest=axis.replace("-", "_"), type=_csv(int), help=f"comma-separated {what}")
+    parser.add_argument("--devices", type=_csv(str), help="comma-separated devices (cpu, cuda)")
+    parser.add_argument("--n-batches", type=_int_at_least(1), help="batches of statistics per run")
+    parser.add_argument("--repeats", type=_int_at_least(1), help="timed repeats per run (median reported)")
+    parser.add_argument("--warmup-steps", type=_int_at_least(0), help="training steps before growth")
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    parser.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
+    parser.add_argument("--no-cache", action="store_true", help="retrain every model, cache nothing")
+    parser.add_argument("--resume", action="store_true", help="skip runs already in the database")
+    parser.add_argument("--retry-failed", action="store_true", help="with --resume, run stored failures again")
+    parser.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel workers (joblib backend)")
+    _threads_and_memory(parser)
+    parser.add_argument("--backend", default="joblib", choices=["joblib", "dask"])
+    parser.add_argument("--scheduler", help="Dask scheduler address (dask backend; default: a local cluster)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_cmd_run)
 
-    p_tr = sub.add_parser("train", help="growth during training: curves of grown vs fixed blocks into the database",
-                          description="Train blocks from a small d_k, grown every K steps with each method, "
-                                      "next to fixed-size baselines; resumes by default.")
-    p_tr.add_argument("--preset", default="quick", help="smoke (<2 min), quick (<15 min on 2 cores), full")
-    p_tr.add_argument("--methods", type=_csv(str),
-                      help="replace the preset's single-head methods by these (specs, presets, baselines, "
-                           "fixed-small, fixed-large)")
-    p_tr.add_argument("--datasets", type=_csv(str), help="comma-separated dataset names")
-    p_tr.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
-    p_tr.add_argument("--device", help="cpu or cuda (default: the preset's, cpu)")
-    p_tr.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    resume = p_tr.add_mutually_exclusive_group()
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    """The ``train`` command."""
+    parser = sub.add_parser("train", help="growth during training: curves of grown vs fixed blocks into the database",
+                            description="Train blocks from a small d_k, grown every K steps with each method, "
+                                        "next to fixed-size baselines; resumes by default.")
+    parser.add_argument("--preset", default="quick", help="smoke (<2 min), quick (<15 min on 2 cores), full")
+    parser.add_argument("--methods", type=_csv(str),
+                        help="replace the preset's single-head methods by these (specs, presets, baselines, "
+                             "fixed-small, fixed-large)")
+    parser.add_argument("--datasets", type=_csv(str), help="comma-separated dataset names")
+    parser.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
+    parser.add_argument("--device", help="cpu or cuda (default: the preset's, cpu)")
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    resume = parser.add_mutually_exclusive_group()
     resume.add_argument("--resume", action="store_true", help="skip runs already in the database (the default)")
     resume.add_argument("--no-resume", action="store_true", help="rerun runs already in the database")
-    p_tr.add_argument("--retry-failed", action="store_true", help="run stored failures again")
-    p_tr.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel workers (joblib)")
-    _threads_and_memory(p_tr)
-    p_tr.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p_tr.set_defaults(func=_cmd_train)
+    parser.add_argument("--retry-failed", action="store_true", help="run stored failures again")
+    parser.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel workers (joblib)")
+    _threads_and_memory(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_cmd_train)
 
-    p_exp = sub.add_parser("export", help="export the results database")
-    p_exp.add_argument("--format", choices=["csv", "parquet"], default="csv")
-    p_exp.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    p_exp.add_argument("--out", help="output file (default: the database's name with the format's suffix)")
-    p_exp.set_defaults(func=_cmd_export)
 
-    p_tg = sub.add_parser("targets", help="measure the speed and quality targets in one process, as a Markdown table")
-    p_tg.add_argument("--repeats", type=_int_at_least(1), default=5,
-                      help="timed repeats per figure (median reported)")
-    p_tg.add_argument("--device", default="cpu", help="cpu or cuda")
-    p_tg.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
-    p_tg.add_argument("--skip-scale", action="store_true",
-                      help="leave out the scale set (d_e 64..1024 on cpu, 64..4096 on cuda)")
-    p_tg.add_argument("--out", help="also write the Markdown table to this file")
-    _threads_and_memory(p_tg, memory=False)
-    p_tg.set_defaults(func=_cmd_targets)
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    """The ``export`` command."""
+    parser = sub.add_parser("export", help="export the results database")
+    parser.add_argument("--format", choices=["csv", "parquet"], default="csv")
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    parser.add_argument("--out", help="output file (default: the database's name with the format's suffix)")
+    parser.set_defaults(func=_cmd_export)
 
-    p_ex = sub.add_parser("example", help="grow the reference block once with every preset and print a table")
-    p_ex.add_argument("--b", type=int, default=256, help="batch size (default 256)")
-    p_ex.add_argument("--d-s", type=int, default=128, help="sequence length (default 128)")
-    p_ex.add_argument("--d-e", type=int, default=64, help="embedding width (default 64)")
-    p_ex.add_argument("--d-k", type=int, default=8, help="student's query/key width (default 8)")
-    p_ex.add_argument("--p", type=int, default=8, help="columns to add (default 8)")
-    p_ex.add_argument("--cond", type=_float_at_least(1), default=100.0,
-                      help="condition number of the input covariance, finite and >= 1 (default 100)")
-    p_ex.add_argument("--repeats", type=_int_at_least(1), default=5,
-                      help="timed repeats after one warm-up (median reported)")
-    p_ex.add_argument("--seed", type=int, default=0)
-    p_ex.add_argument("--device", default="cpu", help="cpu or cuda")
-    p_ex.add_argument("--presets", default="", help="comma-separated preset names or specs (default: every preset)")
-    p_ex.add_argument("--json", default="", help="also write the table to this JSON file")
-    _threads_and_memory(p_ex)
-    p_ex.set_defaults(func=_cmd_example)
 
-    p_rep = sub.add_parser("report", help="write the ablation report (HTML, Markdown, figures, CSV)")
-    p_rep.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    p_rep.add_argument("--out", default="reports", help="output folder (default reports/)")
-    p_rep.add_argument("--no-svg", action="store_true", help="write PNG figures only")
-    p_rep.add_argument("--device", help="device whose runs the recommendation uses (default: the most frequent)")
-    p_rep.set_defaults(func=_cmd_report)
+def _add_targets(sub: argparse._SubParsersAction) -> None:
+    """The ``targets`` command."""
+    parser = sub.add_parser("targets", help="measure the speed and quality targets in one process, as a Markdown table")
+    parser.add_argument("--repeats", type=_int_at_least(1), default=5,
+                        help="timed repeats per figure (median reported)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
+    parser.add_argument("--skip-scale", action="store_true",
+                        help="leave out the scale set (d_e 64..1024 on cpu, 64..4096 on cuda)")
+    parser.add_argument("--out", help="also write the Markdown table to this file")
+    _threads_and_memory(parser, memory=False)
+    parser.set_defaults(func=_cmd_targets)
 
-    p_rec = sub.add_parser("recommend", help="choose the default strategy from the results by a documented rule")
-    p_rec.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    p_rec.add_argument("--device", help="device whose runs count (default: the most frequent)")
-    p_rec.add_argument("--tolerance", type=_float_at_least(0), default=0.02,
-                       help="quality tolerance as a fraction of |best|, finite and >= 0 "
-                            "(default 0.02, the documented rule)")
-    p_rec.add_argument("--time", choices=["t_total", "x_floor"], default="t_total",
-                       help="rank by median t_total (the rule) or by t_total/t_floor (robust to a busy machine)")
-    p_rec.add_argument("--write", action="store_true", help="write the choice to strategies/default.json")
-    p_rec.add_argument("--force", action="store_true", help="with --write, also write a fallback choice")
-    p_rec.add_argument("--default-file", help="write here instead of strategies/default.json")
-    p_rec.set_defaults(func=_cmd_recommend)
+
+def _add_example(sub: argparse._SubParsersAction) -> None:
+    """The ``example`` command."""
+    parser = sub.add_parser("example", help="grow the reference block once with every preset and print a table")
+    parser.add_argument("--b", type=int, default=256, help="batch size (default 256)")
+    parser.add_argument("--d-s", type=int, default=128, help="sequence length (default 128)")
+    parser.add_argument("--d-e", type=int, default=64, help="embedding width (default 64)")
+    parser.add_argument("--d-k", type=int, default=8, help="student's query/key width (default 8)")
+    parser.add_argument("--p", type=int, default=8, help="columns to add (default 8)")
+    parser.add_argument("--cond", type=_float_at_least(1), default=100.0,
+                        help="condition number of the input covariance, finite and >= 1 (default 100)")
+    parser.add_argument("--repeats", type=_int_at_least(1), default=5,
+                        help="timed repeats after one warm-up (median reported)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--presets", default="", help="comma-separated preset names or specs (default: every preset)")
+    parser.add_argument("--json", default="", help="also write the table to this JSON file")
+    _threads_and_memory(parser)
+    parser.set_defaults(func=_cmd_example)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    """The ``report`` command."""
+    parser = sub.add_parser("report", help="write the ablation report (HTML, Markdown, figures, CSV)")
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    parser.add_argument("--out", default="reports", help="output folder (default reports/)")
+    parser.add_argument("--no-svg", action="store_true", help="write PNG figures only")
+    parser.add_argument("--device", help="device whose runs the recommendation uses (default: the most frequent)")
+    parser.set_defaults(func=_cmd_report)
+
+
+def _add_recommend(sub: argparse._SubParsersAction) -> None:
+    """The ``recommend`` command."""
+    parser = sub.add_parser("recommend", help="choose the default strategy from the results by a documented rule")
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    parser.add_argument("--device", help="device whose runs count (default: the most frequent)")
+    parser.add_argument("--tolerance", type=_float_at_least(0), default=0.02,
+                        help="quality tolerance as a fraction of |best|, finite and >= 0 "
+                             "(default 0.02, the documented rule)")
+    parser.add_argument("--time", choices=["t_total", "x_floor"], default="t_total",
+                        help="rank by median t_total (the rule) or by t_total/t_floor (robust to a busy machine)")
+    parser.add_argument("--write", action="store_true", help="write the choice to strategies/default.json")
+    parser.add_argument("--force", action="store_true", help="with --write, also write a fallback choice")
+    parser.add_argument("--default-file", help="write here instead of strategies/default.json")
+    parser.set_defaults(func=_cmd_recommend)
     return parser
 
 
@@ -465,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``growbench`` console script."""
     args = build_parser().parse_args(argv)
     try:
+        load_plugins()  # outside components, before any spec is read
         code = args.func(args)
         sys.stdout.flush()  # here, not at exit: a reader that went away (| head) is handled below
         return code

@@ -54,6 +54,12 @@ def git_commit() -> str:
         return "unknown"
 
 
+def require_device(device: str) -> None:
+    """Refuse a CUDA device on a machine without one (a worker's guard: validation refuses it earlier)."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda requested but torch.cuda.is_available() is False")
+
+
 def device_name(device: str) -> str:
     """A readable name of ``device``: the GPU model, or the CPU model."""
     if torch.device(device).type == "cuda":

@@ -1,6 +1,7 @@
-"""Grow the reference block once with every preset and tabulate quality and time.
+"""Grow the reference block once with every preset and tabulate quality and time: ``growbench example``.
 
-This is the main job until the sweep lands: ``growbench example``.
+A quick look at one problem (:func:`datasets.teacher.reference_problem`); the measurements
+behind the report and the recommendation come from the sweep, ``growbench run``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pandas as pd
 import torch
 
 import strategies
-from harness.reference import reference_problem
+from datasets.teacher import reference_problem
 from harness.validate import check_example
 from strategies import metrics
 

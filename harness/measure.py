@@ -1,6 +1,6 @@
 """Measure one growth: statistics over ``n`` batches, direction, truncation, line search.
 
-Quality (MATH §7) is measured once (a growth is deterministic); time is the median
+Quality (docs/mathematics.md §7) is measured once (a growth is deterministic); time is the median
 of ``repeats`` runs after one warm-up run, per phase. The *floor* is what any strategy
 must pay on the same data: the two Gram sums over the batches plus one loss evaluation.
 """
@@ -12,16 +12,19 @@ import dataclasses
 import hashlib
 import math
 import os
-import statistics as stats_mod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 import torch
 
 import strategies
 import strategies.cg
-from harness.env import KeyedConfig, recorded
+from datasets import Dataset, GrowthModel, make_dataset, trained_model
+from harness.capture import BatchCapture, capture, statistics_over
+from harness.env import KeyedConfig, recorded, require_device
 from harness.memory import peak_memory
 from harness.validate import check_run_config
 from strategies import metrics
@@ -60,20 +63,6 @@ class RunConfig(KeyedConfig):
             A ``ValueError`` naming the field at fault.
         """
         check_run_config(self)
-
-
-def _capture(model, ds, cfg: RunConfig, device: str):
-    """Forward/backward ``n_batches`` train batches; return captures and the last batch's closure."""
-    block = model.block
-    caps = []
-    for i in range(cfg.n_batches):
-        inputs, targets = (t.to(device) for t in ds.batch(cfg.b, "train", STATS_INDEX_OFFSET + i))
-        model.zero_grad(set_to_none=True)
-        with block.capture():
-            model.loss(inputs, targets).backward()
-        c = block.captured(0)
-        caps.append((c.Xa, c.G, c.mask))
-    return caps, block.loss_of_scores(model.rest(targets), 0)
 
 
 def _stack_mask(mask, n: int, b: int):
@@ -178,20 +167,14 @@ def reference_projection(G, X, mask, cache_dir: str | None) -> tuple[torch.Tenso
 _REFERENCES: dict[str, tuple] = {}
 
 
-def formula_gap(caps) -> dict:
+def formula_gap(caps: list[BatchCapture]) -> dict:
     """Formula 2 (gram/pinv) against formula 1 (per-sample/pinv) on the same batches.
 
     ``rel_diff = ‖P₂ − P₁‖_F / ‖P₁‖_F`` and the cosine of their score changes
-    ``X P Xᵀ`` (seed 001 reports the two converge as ``d_s / d_e`` grows).
+    ``X P Xᵀ`` (docs/mathematics.md §3.1, §7.8: the two converge as ``d_s / d_e`` grows).
     """
-    dirs = []
-    for name in ("formula1", "formula2"):
-        st = strategies.make(name).new_statistics()
-        for Xi, Gi, mi in caps:
-            st.update(Xi, Gi, mi)
-        dirs.append(strategies.make(name).direction(st).double())
-    P1, P2 = dirs
-    X = torch.cat([c[0] for c in caps]).double()
+    P1, P2 = (s.direction(statistics_over(s, caps)).double() for s in map(strategies.make, ("formula1", "formula2")))
+    X = torch.cat([c.X for c in caps]).double()
     S1, S2 = X @ P1 @ X.mT, X @ P2 @ X.mT
     return {
         "rel_diff": float(torch.linalg.matrix_norm(P2 - P1) / torch.linalg.matrix_norm(P1)),
@@ -199,94 +182,160 @@ def formula_gap(caps) -> dict:
     }
 
 
-def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
-    """Run one configuration; return its result columns (raises on failure)."""
-    from datasets import make_dataset, trained_model
+@dataclass(frozen=True)
+class GrowthSite:
+    """Head 0 of a trained model, captured on a run's statistics batches: what each growth of the run starts from.
 
-    device = cfg.device
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device cuda requested but torch.cuda.is_available() is False")
-    dtype = getattr(torch, cfg.dtype)
-    strategy = strategies.make(cfg.strategy)
-    ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
-    model = trained_model(ds, cfg.d_k, warmup_steps=cfg.warmup_steps, scale_policy=cfg.scale_policy,
-                          cache_dir=cache_dir, dtype=dtype, device=device)
-    block = model.block
-    caps, loss_of_scores = _capture(model, ds, cfg, device)
-    X, G, mask = caps[-1]
-    W_Q, W_K = block.factors(0)
-    scale, new_scale = block.scale(0), block.new_scale(0, cfg.p)
+    Attributes
+    ----------
+    batches : list of BatchCapture
+        The captured statistics batches.
+    loss_of_scores : Callable[[Tensor], Tensor]
+        The loss of head 0's scores ``(b, d_s, d_s)`` on the last batch.
+    W_Q, W_K : Tensor, each (d_in, d_k)
+        Head 0's factors before the growth.
+    scale, new_scale : float
+        Its score scale now and after growing by ``p``.
+    """
 
-    def one_growth():
-        stats = strategy.new_statistics()
-        for Xi, Gi, mi in caps:
-            stats.update(Xi, Gi, mi)
-        return strategy.grow(W_Q, W_K, X, G, p=cfg.p, loss_of_scores=loss_of_scores, scale=scale,
-                             new_scale=new_scale, mask=mask, stats=stats)
+    batches: list[BatchCapture]
+    loss_of_scores: Callable[[torch.Tensor], torch.Tensor]
+    W_Q: torch.Tensor
+    W_K: torch.Tensor
+    scale: float
+    new_scale: float
 
-    with torch.no_grad():
-        S_now = scale * (X @ W_Q) @ (X @ W_K).mT
+    @property
+    def last(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(X, G, mask)`` of head 0 on the last batch, the one the line search evaluates."""
+        X, G, mask = self.batches[-1]
+        return X, G[0], mask
 
-    def floor():
-        # Only the loss call is timed, not forming S: the floor is the least any growth must pay.
+    def grow(self, strategy: strategies.Strategy, p: int) -> strategies.GrowthResult:
+        """One growth by ``p`` columns, its statistics accumulated (and timed) afresh."""
+        stats = statistics_over(strategy, self.batches)
+        X, G, mask = self.last
+        return strategy.grow(self.W_Q, self.W_K, X, G, p=p, loss_of_scores=self.loss_of_scores, scale=self.scale,
+                             new_scale=self.new_scale, mask=mask, stats=stats)
+
+    def floor(self, S_now: torch.Tensor, device: str) -> tuple[float, float]:
+        """Seconds of the plain statistics over the batches and of one loss call at the current scores ``S_now``.
+
+        Only the loss call is timed, not forming ``S_now``: the floor is the least any growth must pay.
+        """
         t: dict[str, float] = {}
-        base = strategies.Statistics()
-        for Xi, Gi, mi in caps:
-            base.update(Xi, Gi, mi)
+        base = statistics_over(None, self.batches)
         with timed(t, "loss", device), torch.no_grad():
-            loss_of_scores(S_now)
+            self.loss_of_scores(S_now)
         return base.elapsed, t["loss"]
 
-    with peak_memory(device) as mem:  # the warm-up run, untimed
-        r = one_growth()
+
+def growth_site(model: GrowthModel, ds: Dataset, cfg: RunConfig) -> GrowthSite:
+    """Capture ``cfg.n_batches`` statistics batches of ``model`` and the state of its head 0."""
+    block = model.block
+    cap = capture(model, ds, cfg.b, range(STATS_INDEX_OFFSET, STATS_INDEX_OFFSET + cfg.n_batches), cfg.device)
+    loss_of_scores = block.loss_of_scores(cap.rest, 0)
+    W_Q, W_K = block.factors(0)
+    return GrowthSite(cap.batches, loss_of_scores, W_Q, W_K, block.scale(0), block.new_scale(0, cfg.p))
+
+
+def _trained(cfg: RunConfig, cache_dir: str | None) -> tuple[Dataset, GrowthModel]:
+    """The configuration's dataset and its model after the (cached) warm-up."""
+    require_device(cfg.device)
+    ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
+    model = trained_model(ds, cfg.d_k, warmup_steps=cfg.warmup_steps, scale_policy=cfg.scale_policy,
+                          cache_dir=cache_dir, dtype=getattr(torch, cfg.dtype), device=cfg.device)
+    return ds, model
+
+
+def _timed_growths(strategy: strategies.Strategy, site: GrowthSite,
+                   cfg: RunConfig) -> tuple[strategies.GrowthResult, dict, dict]:
+    """One untimed warm-up growth (its peak memory recorded), then ``cfg.repeats`` timed growths and floors.
+
+    Returns the last growth, every repeat's time per phase, and the timing columns (medians).
+    """
+    X, _, _ = site.last
+    with torch.no_grad():
+        S_now = site.scale * (X @ site.W_Q) @ (X @ site.W_K).mT
+    with peak_memory(cfg.device) as mem:
+        r = site.grow(strategy, cfg.p)
     times = {ph: [] for ph in PHASES}
     floors, loss_evals = [], []
     for _ in range(cfg.repeats):
-        r = one_growth()
+        r = site.grow(strategy, cfg.p)
         for ph in PHASES:
             times[ph].append(r.timings.get(ph, 0.0))
-        f_stats, f_loss = floor()
+        f_stats, f_loss = site.floor(S_now, cfg.device)
         floors.append(f_stats + f_loss)
         loss_evals.append(f_loss)
+    columns = {**{f"t_{ph}": median(v) for ph, v in times.items()}, "t_floor": median(floors),
+               "t_loss_eval": median(loss_evals), "peak_mem_bytes": mem["peak_bytes"],
+               "peak_mem_method": mem["method"]}
+    return r, times, columns
 
-    # Quality over every captured batch: the direction was fit to all of them.
-    Xall = torch.cat([c[0] for c in caps])
-    Gall = torch.cat([c[1] for c in caps])
-    mall = _stack_mask(mask, len(caps), cfg.b)
-    test_inputs, test_targets = (t.to(device) for t in ds.batch(cfg.b, "test", 0))
+
+def _grown(model: GrowthModel, W_Q: torch.Tensor, W_K: torch.Tensor) -> GrowthModel:
+    """A copy of ``model`` with head 0's factors replaced."""
     grown = copy.deepcopy(model)
-    grown.block.install(0, r.W_Q, r.W_K)
+    grown.block.install(0, W_Q, W_K)
+    return grown
+
+
+def _heldout_loss(model: GrowthModel, test: tuple[torch.Tensor, torch.Tensor]) -> float:
     with torch.no_grad():
-        heldout_before = float(model.loss(test_inputs, test_targets))
-        heldout_after = float(grown.loss(test_inputs, test_targets))
-    med = {ph: stats_mod.median(v) for ph, v in times.items()}
+        return float(model.loss(*test))
+
+
+def _along_the_path(strategy: strategies.GrowthStrategy, site: GrowthSite, r: strategies.GrowthResult,
+                    model: GrowthModel, test: tuple, heldout_before: float, rank: int) -> tuple[dict, dict]:
+    """The step against its own truncated path: λ curve, path efficiency, held-out decrease at the scan's best λ.
+
+    Returns the scan's result columns and its entries of ``extra``.
+    """
+    X, G, mask = site.last
+    prob = search_problem(strategy, statistics_over(strategy, site.batches), X, G, mask, site.W_Q, site.W_K,
+                          site.scale, rank, site.loss_of_scores)
+    extra = {"lambda_curve": loss_along_lambda(prob, lam_max=2.5 * r.lam if r.lam > 0 else 1.0)}
+    found = path_efficiency(prob, r.loss_before - r.loss_after, r.lam)
+    scan = {"path_efficiency": found["path_efficiency"], "scan_decrease": found["scan_decrease"],
+            "heldout_decrease_at_scan_best": math.nan}
+    extra["scan_lam"] = found["scan_lam"]
+    if found["scan_lam"] > 0:
+        with torch.no_grad():
+            U, s, V = prob.truncate(prob.Z - found["scan_lam"] * prob.P_hat)
+            root = s.clamp_min(0).sqrt() / math.sqrt(site.new_scale)
+        scan["heldout_decrease_at_scan_best"] = heldout_before - _heldout_loss(_grown(model, U * root, V * root), test)
+    if r.spec == strategies.canonical("formula2"):
+        extra["formula_gap"] = formula_gap(site.batches)
+    return scan, extra
+
+
+def _quality(site: GrowthSite, dZ: torch.Tensor, b: int, cache_dir: str | None) -> dict:
+    """:func:`strategies.metrics.quality` of ``dZ`` over every captured batch: the direction was fit to all of them."""
+    X = torch.cat([c.X for c in site.batches])
+    G = torch.cat([c.G[0] for c in site.batches])
+    mask = _stack_mask(site.last[2], len(site.batches), b)
+    return metrics.quality(G, X, dZ, mask, reference_projection(G, X, mask, cache_dir))
+
+
+def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
+    """Run one configuration; return its result columns (raises on failure)."""
+    strategy = strategies.make(cfg.strategy)
+    ds, model = _trained(cfg, cache_dir)
+    site = growth_site(model, ds, cfg)
+    r, times, timing = _timed_growths(strategy, site, cfg)
+    test = tuple(t.to(cfg.device) for t in ds.batch(cfg.b, "test", 0))
+    heldout_before, heldout_after = _heldout_loss(model, test), _heldout_loss(_grown(model, r.W_Q, r.W_K), test)
     extra = {"info": r.info, "times": times, "spec": r.spec, "dataset": ds.description,
              "dataset_options": ds.options()}
     if hasattr(ds, "reference_losses"):  # known optima of the dataset, on the held-out batch
-        extra["references"] = ds.reference_losses(model, test_inputs, test_targets, cfg.d_k + cfg.p)
+        extra["references"] = ds.reference_losses(model, *test, cfg.d_k + cfg.p)
     scan = {"path_efficiency": math.nan, "scan_decrease": math.nan, "heldout_decrease_at_scan_best": math.nan}
     if isinstance(strategy, strategies.GrowthStrategy):
-        stats = strategy.new_statistics()
-        for Xi, Gi, mi in caps:
-            stats.update(Xi, Gi, mi)
-        prob = search_problem(strategy, stats, X, G, mask, W_Q, W_K, scale, cfg.d_k + cfg.p, loss_of_scores)
-        extra["lambda_curve"] = loss_along_lambda(prob, lam_max=2.5 * r.lam if r.lam > 0 else 1.0)
-        found = path_efficiency(prob, r.loss_before - r.loss_after, r.lam)
-        scan.update(path_efficiency=found["path_efficiency"], scan_decrease=found["scan_decrease"])
-        extra["scan_lam"] = found["scan_lam"]
-        if found["scan_lam"] > 0:
-            with torch.no_grad():
-                U, s, V = prob.truncate(prob.Z - found["scan_lam"] * prob.P_hat)
-                root = s.clamp_min(0).sqrt() / math.sqrt(new_scale)
-            at_best = copy.deepcopy(model)
-            at_best.block.install(0, U * root, V * root)
-            with torch.no_grad():
-                scan["heldout_decrease_at_scan_best"] = heldout_before - float(at_best.loss(test_inputs, test_targets))
-        if r.spec == strategies.canonical("formula2"):
-            extra["formula_gap"] = formula_gap(caps)
-    reference = reference_projection(Gall, Xall, mall, cache_dir)
+        scan, scan_extra = _along_the_path(strategy, site, r, model, test, heldout_before, cfg.d_k + cfg.p)
+        extra.update(scan_extra)
     return {
-        **metrics.quality(Gall, Xall, r.dZ, mall, reference),
+        **_quality(site, r.dZ, cfg.b, cache_dir),
         "loss_before": r.loss_before,
         "loss_after": r.loss_after,
         "loss_decrease": r.loss_before - r.loss_after,
@@ -296,11 +345,7 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
         "lam": r.lam,
         "n_loss_evals": r.n_loss_evals,
         "fallback": "; ".join(r.fallback),
-        **{f"t_{ph}": med[ph] for ph in PHASES},
-        "t_floor": stats_mod.median(floors),
-        "t_loss_eval": stats_mod.median(loss_evals),
-        "peak_mem_bytes": mem["peak_bytes"],
-        "peak_mem_method": mem["method"],
+        **timing,
         **scan,
         "host_syncs": int(r.info.get("host_syncs", 0)),
         "extra": extra,

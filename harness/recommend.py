@@ -49,7 +49,9 @@ from pathlib import Path
 import pandas as pd
 
 import strategies
-from strategies.registry import check_default_choice
+from harness.store.results import read_runs
+from harness.store.schema import RUNS
+from strategies.spec import check_default_choice
 
 TOLERANCE = 0.02
 QUALITY = ("optimality", "heldout_decrease")
@@ -77,21 +79,20 @@ def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total") -> str
 
 # ------------------------------------------------------------------ loading
 def load_frame(db_path: str | Path) -> pd.DataFrame:
-    """Every run of the database (read only). :class:`NoResults` when it is missing or has no run.
+    """Every run of the database (read only), with every column of today's ``runs`` table.
+
+    :class:`NoResults` when it is missing or has no successful run.
 
     A file that is not growbench's raises :class:`harness.store.dbfile.DatabaseFileError` instead
     (also a ``ValueError``), naming the file, and the file is left untouched.
     """
-    from harness.store.results import COLUMNS, read_runs
-
     path = Path(db_path)
     if not path.exists():
         raise NoResults(f"no successful runs in {path}: the file does not exist (run 'growbench run' first)")
     frame = read_runs(path)
     if frame.empty:
         raise NoResults(f"no successful runs in {path}: the database has no runs")
-    # Databases written before a column existed: add it, empty.
-    frame = frame.reindex(columns=list(dict.fromkeys([*COLUMNS, *frame.columns])))
+    frame = RUNS.complete(frame)
     n_ok = int((frame.status == "ok").sum())
     if n_ok == 0:
         first = first_error(frame.error)
@@ -113,18 +114,28 @@ def first_error(errors: pd.Series) -> str:
     return "no error message stored with the failed runs"
 
 
-def spec_parts(name) -> dict | None:
-    """``strategies.parse`` of a stored strategy name, or None when it is not a valid spec."""
+def stored_spec(name: object) -> strategies.Spec | None:
+    """The :class:`strategies.Spec` of a stored strategy name, or None when it is not a valid spec.
+
+    A database may hold names of components that are not registered in this process (an
+    outside component, or one since removed): those rows are kept, as unknown.
+    """
     try:
-        return strategies.parse(name)
+        return strategies.Spec.parse(name)
     except (ValueError, AttributeError, TypeError):
         return None
 
 
-def is_growth(name) -> bool:
+def spec_parts(name: object) -> dict | None:
+    """:meth:`strategies.Spec.parts` of a stored strategy name, or None when it is not a valid spec."""
+    spec = stored_spec(name)
+    return None if spec is None else spec.parts()
+
+
+def is_growth(name: object) -> bool:
     """Whether ``name`` is a valid growth spec (not a baseline, not unknown)."""
-    c = spec_parts(name)
-    return c is not None and "baseline" not in c
+    spec = stored_spec(name)
+    return spec is not None and not spec.is_baseline
 
 
 def preset_names() -> dict[str, str]:
@@ -233,128 +244,203 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
               time_metric: str = "t_total") -> Recommendation:
     """Apply the rule of the module docstring to a runs frame (as from :func:`load_frame`).
 
-    ``time_metric``: ``"t_total"`` (the rule) or ``"x_floor"`` (``t_total / t_floor``, a robustness check).
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        Every run of the database, failed ones included (they make a strategy ineligible).
+    tolerance : float
+        How far below the best a median may be, as a fraction of ``|best|``.
+    device : str, optional
+        Compare the runs of this device only; default as :func:`reference_runs`.
+    time_metric : {"t_total", "x_floor"}
+        ``"t_total"`` (the rule) or ``"x_floor"`` (``t_total / t_floor``, a robustness check).
+
+    Returns
+    -------
+    Recommendation
+
+    Raises
+    ------
+    NoResults
+        ``frame`` holds no successful run.
+    ValueError
+        An unknown ``time_metric`` or a tolerance that is not a finite number >= 0.
     """
+    _check_rule_arguments(tolerance, time_metric)
+    key = "time_ms" if time_metric == "t_total" else "x_floor"
+    if frame[frame.status == "ok"].empty:
+        raise NoResults("no successful runs in the database")
+    ref = reference_runs(frame, device)
+    medians = _Medians.of(ref)
+    failures = _failure_notes(frame)
+    every_growth = sorted({s for s in frame.strategy.dropna().unique() if is_growth(s)})
+    baselines = sorted({s for s in frame.strategy.dropna().unique() if not is_growth(s)})
+    eligible = {s for s in every_growth if s not in failures and medians.datasets_of(s) >= set(medians.datasets)}
+    best = medians.best(eligible)
+    names = preset_names()
+    rows = [_strategy_row(s, medians, best, s in eligible, failures.get(s), tolerance, names) for s in every_growth]
+    table = pd.DataFrame(rows, columns=["strategy", "preset", "time_ms", "x_floor", "eligible", "qualifies",
+                                        "worst_shortfall", "reason"])
+    table = table.sort_values([key, "strategy"], na_position="last", kind="stable").reset_index(drop=True)
+    chosen, fallback = _choose(table, key)
+    evidence = {}
+    if chosen is not None:
+        _explain_choice(table, chosen, fallback, key)
+        evidence = _evidence(chosen, fallback, medians, best, ref, table, tolerance)
+    table["rank"] = range(1, len(table) + 1)
+    return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric), fallback=fallback, tolerance=tolerance,
+                          datasets=medians.datasets, cells=cell_description(ref), evidence=evidence, table=table,
+                          excluded_baselines=baselines)
+
+
+def _check_rule_arguments(tolerance: float, time_metric: str) -> None:
+    """Refuse an unknown time metric or a tolerance that is not a finite number >= 0 (a bool is not a number)."""
     if time_metric not in ("t_total", "x_floor"):
         raise ValueError(f"unknown time metric {time_metric!r}; valid: t_total, x_floor")
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not math.isfinite(tolerance) \
             or tolerance < 0:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
-    key = "time_ms" if time_metric == "t_total" else "x_floor"
-    ok = frame[frame.status == "ok"]
-    if ok.empty:
-        raise NoResults("no successful runs in the database")
-    ref = reference_runs(frame, device)
-    datasets = sorted(ref.dataset.unique())
-    names = preset_names()
 
-    growth = ref[ref.strategy.map(is_growth)].assign(x_floor=lambda d: d.t_total / d.t_floor)
-    med = growth.groupby(["strategy", "dataset"])[["t_total", "x_floor", *QUALITY]].median()
-    failed = frame[frame.status != "ok"].groupby("strategy").size()
-    n_runs = frame.groupby("strategy").size()
-    first_errors = {s: first_error(e) for s, e in frame[frame.status != "ok"].groupby("strategy").error}
-    every_growth = sorted({s for s in frame.strategy.dropna().unique() if is_growth(s)})
-    baselines = sorted({s for s in frame.strategy.dropna().unique() if not is_growth(s)})
 
-    def datasets_of(s):
-        return set(med.loc[s].index) if s in med.index.get_level_values("strategy") else set()
+@dataclass(frozen=True)
+class _Medians:
+    """Medians over seeds of the growth strategies' reference runs (rule steps 1 and 3)."""
 
-    eligible_set = {s for s in every_growth if not failed.get(s, 0) and datasets_of(s) >= set(datasets)}
-    best = {}
-    for ds in datasets:
-        if not eligible_set:
-            break
-        if ds not in med.index.get_level_values("dataset"):
-            continue
-        m = med.xs(ds, level="dataset")
-        m = m[m.index.isin(eligible_set)]
-        best[ds] = {q: (float(m[q].max()), str(m[q].idxmax())) for q in QUALITY if m[q].notna().any()}
+    table: pd.DataFrame  # index (strategy, dataset); columns t_total, x_floor and QUALITY
+    datasets: list[str]  # every dataset of the reference runs, baselines' included
 
-    rows = []
-    for s in every_growth:
-        have = datasets_of(s)
-        missing = [ds for ds in datasets if ds not in have]
-        per_ds_t = [float(med.loc[(s, ds), "t_total"]) for ds in datasets if ds in have]
-        time_ms = 1e3 * float(pd.Series(per_ds_t).median()) if per_ds_t else math.nan
-        per_ds_x = [float(med.loc[(s, ds), "x_floor"]) for ds in datasets if ds in have]
-        x_floor = float(pd.Series(per_ds_x).median()) if per_ds_x else math.nan
-        worst, misses = 0.0, []
-        for ds in datasets:
-            if ds not in have:
+    @classmethod
+    def of(cls, ref: pd.DataFrame) -> _Medians:
+        growth = ref[ref.strategy.map(is_growth)].assign(x_floor=lambda d: d.t_total / d.t_floor)
+        return cls(growth.groupby(["strategy", "dataset"])[["t_total", "x_floor", *QUALITY]].median(),
+                   sorted(ref.dataset.unique()))
+
+    def datasets_of(self, strategy: str) -> set[str]:
+        """The datasets on which ``strategy`` has a successful reference run."""
+        if strategy not in self.table.index.get_level_values("strategy"):
+            return set()
+        return set(self.table.loc[strategy].index)
+
+    def value(self, strategy: str, dataset: str, column: str) -> float:
+        """The median of ``column`` of ``strategy`` on ``dataset``."""
+        return float(self.table.loc[(strategy, dataset), column])
+
+    def over_datasets(self, strategy: str, column: str) -> float:
+        """The median over datasets of the per-dataset medians of ``column`` (every dataset weighs the same)."""
+        have = self.datasets_of(strategy)
+        per_dataset = [self.value(strategy, ds, column) for ds in self.datasets if ds in have]
+        return float(pd.Series(per_dataset).median()) if per_dataset else math.nan
+
+    def best(self, eligible: set[str]) -> dict[str, dict[str, tuple[float, str]]]:
+        """``{dataset: {measure: (best median, its strategy)}}`` among the ``eligible`` strategies.
+
+        Only eligible strategies set the best, so that one that failed, or skipped a dataset, cannot veto the others.
+        """
+        best = {}
+        if not eligible:
+            return best
+        for ds in self.datasets:
+            if ds not in self.table.index.get_level_values("dataset"):
                 continue
-            short = []
-            for q in QUALITY:
-                if q not in best.get(ds, {}):
-                    continue
-                v, (b, _) = float(med.loc[(s, ds), q]), best[ds][q]
-                worst = max(worst, shortfall(v, b))
-                if not within(v, b, tolerance):
-                    pct = f"{-100 * shortfall(v, b):+.1f}%" if b != 0 else "below a best of 0"
-                    short.append(f"{QUALITY_NAMES[q]} {v:.3g} vs {b:.3g} ({pct})")
-            if short:
-                misses.append(f"{ds}: {', '.join(short)}")
-        n_fail = int(failed.get(s, 0))
-        reasons = []
-        if n_fail:
-            reasons.append(f"failed {n_fail} of {int(n_runs[s])} runs (first: {first_errors[s]})")
-        if missing:
-            reasons.append(f"no run on {', '.join(missing)}")
-        eligible = not n_fail and not missing
-        qualifies = eligible and not misses
-        if misses:
-            reasons.append(f"more than {100 * tolerance:g}% short of the best on " + "; ".join(misses))
-        rows.append(dict(strategy=s, preset=names.get(s, ""), time_ms=time_ms, x_floor=x_floor, eligible=eligible,
-                         qualifies=qualifies, worst_shortfall=worst, reason="; ".join(reasons)))
-    table = pd.DataFrame(rows, columns=["strategy", "preset", "time_ms", "x_floor", "eligible", "qualifies",
-                                        "worst_shortfall", "reason"])
-    table = table.sort_values([key, "strategy"], na_position="last", kind="stable").reset_index(drop=True)
+            m = self.table.xs(ds, level="dataset")
+            m = m[m.index.isin(eligible)]
+            best[ds] = {q: (float(m[q].max()), str(m[q].idxmax())) for q in QUALITY if m[q].notna().any()}
+        return best
 
-    chosen, fallback = None, False
-    q = table[table.qualifies]
-    if len(q):
-        chosen = q.iloc[0].strategy
-    else:
-        el = table[table.eligible]
-        if len(el):
-            chosen = el.sort_values(["worst_shortfall", key, "strategy"], kind="stable").iloc[0].strategy
-            fallback = True
-    if chosen is not None:
-        t_chosen = float(table.loc[table.strategy == chosen, "time_ms"].iloc[0])
-        k_chosen = float(table.loc[table.strategy == chosen, key].iloc[0])
-        unit = " ms" if key == "time_ms" else "× the floor"
-        for i, r in table.iterrows():
-            if r.strategy == chosen:
-                table.at[i, "reason"] = "chosen" + (
-                    f" (fallback: nothing qualifies; qualifies from a tolerance of {100 * r.worst_shortfall:.1f}%)"
-                    if fallback else "")
-            elif r.qualifies:
-                table.at[i, "reason"] = (f"qualifies but slower: {r[key]:.3g}{unit} vs {k_chosen:.3g}{unit} "
-                                         f"({r[key] / k_chosen:.2f}×)")
-    table["rank"] = range(1, len(table) + 1)
 
+def _failure_notes(frame: pd.DataFrame) -> dict[str, str]:
+    """``{strategy: "failed N of M runs (first: <error>)"}`` for every strategy with a failed run, on any device."""
+    n_runs = frame.groupby("strategy").size()
+    return {s: f"failed {len(runs)} of {int(n_runs[s])} runs (first: {first_error(runs.error)})"
+            for s, runs in frame[frame.status != "ok"].groupby("strategy")}
+
+
+def _quality_misses(strategy: str, medians: _Medians, best: dict, tolerance: float) -> tuple[float, list[str]]:
+    """The worst shortfall of ``strategy``'s medians from the best, and per dataset the measures not within it."""
+    worst, misses = 0.0, []
+    have = medians.datasets_of(strategy)
+    for ds in medians.datasets:
+        if ds not in have:
+            continue
+        short = []
+        for q in QUALITY:
+            if q not in best.get(ds, {}):
+                continue
+            v, (b, _) = medians.value(strategy, ds, q), best[ds][q]
+            worst = max(worst, shortfall(v, b))
+            if not within(v, b, tolerance):
+                pct = f"{-100 * shortfall(v, b):+.1f}%" if b != 0 else "below a best of 0"
+                short.append(f"{QUALITY_NAMES[q]} {v:.3g} vs {b:.3g} ({pct})")
+        if short:
+            misses.append(f"{ds}: {', '.join(short)}")
+    return worst, misses
+
+
+def _strategy_row(strategy: str, medians: _Medians, best: dict, eligible: bool, failure: str | None,
+                  tolerance: float, names: dict[str, str]) -> dict:
+    """One line of the recommendation's table: times, eligibility, quality and the reasons it may lose."""
+    worst, misses = _quality_misses(strategy, medians, best, tolerance)
+    missing = [ds for ds in medians.datasets if ds not in medians.datasets_of(strategy)]
+    reasons = [failure] if failure else []
+    if missing:
+        reasons.append(f"no run on {', '.join(missing)}")
+    if misses:
+        reasons.append(f"more than {100 * tolerance:g}% short of the best on " + "; ".join(misses))
+    return dict(strategy=strategy, preset=names.get(strategy, ""),
+                time_ms=1e3 * medians.over_datasets(strategy, "t_total"),
+                x_floor=medians.over_datasets(strategy, "x_floor"), eligible=eligible,
+                qualifies=eligible and not misses, worst_shortfall=worst, reason="; ".join(reasons))
+
+
+def _choose(table: pd.DataFrame, key: str) -> tuple[str | None, bool]:
+    """``(choice, fallback)``: the fastest qualifying strategy, else the eligible one that qualifies first as the
+    tolerance is raised (rule steps 4 and 5); ``(None, False)`` when none is eligible."""
+    qualifying = table[table.qualifies]
+    if len(qualifying):
+        return qualifying.iloc[0].strategy, False
+    eligible = table[table.eligible]
+    if len(eligible):
+        return eligible.sort_values(["worst_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, True
+    return None, False
+
+
+def _explain_choice(table: pd.DataFrame, chosen: str, fallback: bool, key: str) -> None:
+    """Give the choice, and every qualifying strategy it beat on time, their reasons (in ``table``, in place)."""
+    k_chosen = float(table.loc[table.strategy == chosen, key].iloc[0])
+    unit = " ms" if key == "time_ms" else "× the floor"
+    for i, r in table.iterrows():
+        if r.strategy == chosen:
+            table.at[i, "reason"] = "chosen" + (
+                f" (fallback: nothing qualifies; qualifies from a tolerance of {100 * r.worst_shortfall:.1f}%)"
+                if fallback else "")
+        elif r.qualifies:
+            table.at[i, "reason"] = (f"qualifies but slower: {r[key]:.3g}{unit} vs {k_chosen:.3g}{unit} "
+                                     f"({r[key] / k_chosen:.2f}×)")
+
+
+def _evidence(chosen: str, fallback: bool, medians: _Medians, best: dict, ref: pd.DataFrame, table: pd.DataFrame,
+              tolerance: float) -> dict:
+    """The choice's medians against the best, per dataset, and its medians over datasets."""
     evidence = {}
-    if chosen is not None:
-        for ds in datasets:
-            e = {"time_ms": _num(1e3 * float(med.loc[(chosen, ds), "t_total"])),
-                 "x_floor": _num(float(med.loc[(chosen, ds), "x_floor"])),
-                 "seeds": int(((ref.strategy == chosen) & (ref.dataset == ds)).sum())}
-            for qn in QUALITY:
-                if qn in best.get(ds, {}):
-                    b, who = best[ds][qn]
-                    v = float(med.loc[(chosen, ds), qn])
-                    e[qn] = _num(v)
-                    e[f"best_{qn}"] = _num(b)
-                    e[f"best_{qn}_strategy"] = who
-                    e[f"{qn}_within"] = within(v, b, tolerance)
-            evidence[ds] = e
-        evidence["median_time_ms"] = _num(t_chosen)
-        evidence["median_x_floor"] = _num(float(table.loc[table.strategy == chosen, "x_floor"].iloc[0]))
-        if fallback:
-            evidence["qualifies_from_tolerance"] = _num(float(
-                table.loc[table.strategy == chosen, "worst_shortfall"].iloc[0]))
-    return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric), fallback=fallback, tolerance=tolerance,
-                          datasets=datasets, cells=cell_description(ref), evidence=evidence, table=table,
-                          excluded_baselines=baselines)
+    for ds in medians.datasets:
+        e = {"time_ms": _num(1e3 * medians.value(chosen, ds, "t_total")),
+             "x_floor": _num(medians.value(chosen, ds, "x_floor")),
+             "seeds": int(((ref.strategy == chosen) & (ref.dataset == ds)).sum())}
+        for qn in QUALITY:
+            if qn in best.get(ds, {}):
+                b, who = best[ds][qn]
+                v = medians.value(chosen, ds, qn)
+                e[qn] = _num(v)
+                e[f"best_{qn}"] = _num(b)
+                e[f"best_{qn}_strategy"] = who
+                e[f"{qn}_within"] = within(v, b, tolerance)
+        evidence[ds] = e
+    row = table.loc[table.strategy == chosen]
+    evidence["median_time_ms"] = _num(float(row.time_ms.iloc[0]))
+    evidence["median_x_floor"] = _num(float(row.x_floor.iloc[0]))
+    if fallback:
+        evidence["qualifies_from_tolerance"] = _num(float(row.worst_shortfall.iloc[0]))
+    return evidence
 
 
 # ------------------------------------------------------------------ output
@@ -431,7 +517,7 @@ def write_default(rec: Recommendation, db: str | Path, path: str | Path | None =
     ------
     ValueError
         When there is no choice, or it is ``default`` itself or a baseline
-        (:func:`~strategies.registry.check_default_choice`); nothing is written.
+        (:func:`~strategies.spec.check_default_choice`); nothing is written.
     """
     if rec.spec is None:
         raise ValueError("no strategy to write: no growth strategy is eligible")

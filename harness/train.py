@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import strategies
-from harness.env import KeyedConfig
+from datasets import make_dataset
+from harness.capture import BatchCapture, capture, statistics_over
+from harness.env import KeyedConfig, require_device
 from harness.optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
 from strategies import metrics
 from strategies.timing import synchronize
@@ -37,7 +41,7 @@ from strategies.timing import synchronize
 FIXED_METHODS = ("fixed-small", "fixed-large")
 TRIGGERS = ("schedule", "bottleneck")
 HEAD_SPLITS = ("each", "budget")
-# Test batches for the held-out loss use indices from here on (train batches use the step).
+#: Test batches (indices 0, 1, ...) whose mean loss is the held-out loss.
 HELDOUT_BATCHES = 8
 
 
@@ -66,7 +70,7 @@ class TrainConfig(KeyedConfig):
         columns in total, each given to the head whose next singular value of its whitened
         direction is largest (largest first-order decrease per column).
     trigger : {"schedule", "bottleneck"}
-        ``bottleneck``: grow when the optimality (MATH §7) of the factors' own gradient step
+        ``bottleneck``: grow when the optimality (docs/mathematics.md §7) of the factors' own gradient step
         is below ``threshold``: the layer cannot follow the reachable functional gradient.
     threshold : float
     scale_policy : {"rescale", "fixed", "learnable"}
@@ -137,29 +141,14 @@ def config_fields() -> list[str]:
 
 
 # ------------------------------------------------------------------------------ growth
-def _capture(model, ds, step: int, n: int, b: int, device: str) -> tuple[list, object]:
-    """Forward/backward ``n`` train batches with capture: per batch ``(X, Xa, {head: G}, mask)``; last ``rest``."""
-    block = model.block
-    caps = []
-    rest = None
-    for i in range(n):
-        inputs, targets = (t.to(device) for t in ds.batch(b, "train", 10_000_000 + step * n + i))
-        model.zero_grad(set_to_none=True)
-        with block.capture():
-            model.loss(inputs, targets).backward()
-        first = block.captured(0)
-        caps.append((first.Xa, {h: block.captured(h).G for h in range(block.n_heads)}, first.mask))
-        rest = model.rest(targets)
-    model.zero_grad(set_to_none=True)
-    return caps, rest
+#: Train batches a growth captures are drawn from here on, far from the optimiser's (index = step).
+GROWTH_INDEX_OFFSET = 10_000_000
 
 
-def head_statistics(strategy, caps: list, head: int):
-    """``strategy``'s statistics of ``head`` over every captured batch."""
-    stats = strategy.new_statistics()
-    for Xa, Gs, mask in caps:
-        stats.update(Xa, Gs[head], mask)
-    return stats
+def growth_batches(step: int, n: int) -> range:
+    """Indices of the ``n`` train batches a growth before ``step`` captures: distinct for every step."""
+    start = GROWTH_INDEX_OFFSET + step * n
+    return range(start, start + n)
 
 
 def split_budget(strategy, stats: dict[int, object], room: dict[int, int], p: int) -> dict[int, int]:
@@ -167,7 +156,7 @@ def split_budget(strategy, stats: dict[int, object], room: dict[int, int], p: in
 
     With ``W = E[A]^{1/2}``, a head's first-order decrease per unit score change from ``q``
     new columns is about ``sqrt(Σ_{j≤q} σ_j²)`` where ``σ`` are the singular values of
-    ``W P W`` (Eckart–Young in the metric of MATH §4), so column ``j`` of head ``h`` is
+    ``W P W`` (Eckart–Young in the metric of docs/mathematics.md §4), so column ``j`` of head ``h`` is
     worth ``σ_{h,j}²``: the greedy choice of the ``p`` largest over heads is optimal for
     that model. A head gets at most ``room[h]`` columns.
     """
@@ -187,7 +176,7 @@ def split_budget(strategy, stats: dict[int, object], room: dict[int, int], p: in
     return out
 
 
-def grow_heads(model, strategy, opt, caps: list, rest, p_per_head: dict[int, int], policy: str,
+def grow_heads(model, strategy, opt, caps: list[BatchCapture], rest, p_per_head: dict[int, int], policy: str,
                stats: dict | None = None) -> list[dict]:
     """Grow each head by ``p_per_head[h]`` and move the optimiser onto the new parameters.
 
@@ -200,7 +189,7 @@ def grow_heads(model, strategy, opt, caps: list, rest, p_per_head: dict[int, int
     for h, p in p_per_head.items():
         if p <= 0:
             continue
-        st = (stats or {}).get(h) or head_statistics(strategy, caps, h)
+        st = (stats or {}).get(h) or statistics_over(strategy, caps, h)
         Xa, Gs, mask = caps[-1]
         W_Q, W_K = block.factors(h)
         scale, new_scale = block.scale(h), block.new_scale(h, p)
@@ -221,22 +210,21 @@ def grow_heads(model, strategy, opt, caps: list, rest, p_per_head: dict[int, int
     return events
 
 
-def factor_gradients(model, caps: list, head: int):
+def factor_gradients(model, caps: list[BatchCapture], head: int):
     """``(∂L/∂W_Q, ∂L/∂W_K)`` of ``head`` on the last captured batch, from its statistics.
 
     ``S_b = c X_b W_Q W_Kᵀ X_bᵀ`` gives ``∂L/∂W_Q = c M W_K`` and ``∂L/∂W_K = c Mᵀ W_Q``
     with ``M = Σ_b X_bᵀ G_b X_b``.
     """
     block = model.block
-    Xa, Gs, mask = caps[-1]
     W_Q, W_K = block.factors(head)
     c = block.scale(head)
-    M = strategies.Statistics().update(Xa, Gs[head], mask).sum_M
+    M = statistics_over(None, caps[-1:], head).sum_M
     return c * M @ W_K, c * M.mT @ W_Q
 
 
-def starved(model, caps: list, head: int) -> float:
-    """Optimality (MATH §7) of the factors' own gradient step for ``head`` on the last captured batch.
+def starved(model, caps: list[BatchCapture], head: int) -> float:
+    """Optimality (docs/mathematics.md §7) of the factors' own gradient step for ``head`` on the last captured batch.
 
     ``dZ = −c (g_Q W_Kᵀ + W_Q g_Kᵀ)`` is the change of ``Z`` a gradient step on ``W_Q, W_K``
     makes to first order (:func:`factor_gradients`). Low optimality means the reachable
@@ -266,6 +254,82 @@ def _step_flops(model, inputs, targets) -> float:
     return float(fc.get_total_flops())
 
 
+def _architecture(model) -> tuple[int, ...]:
+    """``d_k`` of each head: steps of the same architecture cost the same FLOPs."""
+    return tuple(model.block.d_k(h) for h in range(model.block.n_heads))
+
+
+@dataclass
+class _Ledger:
+    """What a run has spent and seen so far: wall time and FLOPs of training and growth, records, curve."""
+
+    wall: float = 0.0
+    growth_wall: float = 0.0
+    train_flops: float = 0.0
+    growth_flops: float = 0.0
+    events: list[dict] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)
+    curve: list[dict] = field(default_factory=list)
+    recent: list[float] = field(default_factory=list)  # training losses since the last curve point
+
+    def point(self, step: int, model, heldout: list) -> None:
+        """A curve point at ``step``; held-out evaluation is not counted in wall time or FLOPs."""
+        self.curve.append({"step": step, "wall_s": self.wall, "flops": self.train_flops + self.growth_flops,
+                           "train_loss": sum(self.recent) / len(self.recent) if self.recent else math.nan,
+                           "heldout_loss": _heldout(model, heldout), "d_k": list(_architecture(model))})
+        self.recent.clear()
+
+    def summary(self, model) -> dict:
+        """The run's result columns, ``events``, ``checks`` and ``curve`` (see :func:`train_run`)."""
+        heldouts = [c["heldout_loss"] for c in self.curve]
+        return {
+            "final_heldout": heldouts[-1],
+            "best_heldout": min(heldouts),
+            "final_train": self.curve[-1]["train_loss"],
+            "wall_s": self.wall,
+            "growth_wall_s": self.growth_wall,
+            "train_flops": self.train_flops,
+            "growth_flops": self.growth_flops,
+            "total_flops": self.train_flops + self.growth_flops,
+            "n_growths": len({e["step"] for e in self.events}),
+            "final_d_k": list(_architecture(model)),
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "events": self.events,
+            "checks": self.checks,
+            "curve": self.curve,
+        }
+
+
+T = TypeVar("T")
+
+
+def _timed(device: str, work: Callable[..., T], *args) -> tuple[T, float]:
+    """``work(*args)`` and its wall seconds, the device synchronised on both sides."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = work(*args)
+    synchronize(device)
+    return out, time.perf_counter() - t0
+
+
+def _counted_growth(model, ds, strategy, opt, cfg: TrainConfig, step: int, run: _Ledger) -> None:
+    """Grow before ``step``, its wall time and every FLOP counted in ``run``."""
+    with FlopCounterMode(display=False) as fc:
+        events, dt = _timed(cfg.device, _growth_event, model, ds, strategy, opt, cfg, step, run.checks)
+    run.growth_wall += dt
+    run.wall += dt
+    run.growth_flops += float(fc.get_total_flops())
+    run.events += [{**e, "step": step} for e in events]
+
+
+def _optimiser_step(model, opt, inputs, targets) -> torch.Tensor:
+    opt.zero_grad(set_to_none=True)
+    loss = model.loss(inputs, targets)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def train_run(cfg: TrainConfig, progress=None) -> dict:
     """Train one configuration; return the run's summary and its curve.
 
@@ -276,94 +340,43 @@ def train_run(cfg: TrainConfig, progress=None) -> dict:
         ``growth_flops``, ``total_flops``, ``n_growths``, ``final_d_k``, ``events``) and
         ``curve``: a list of points ``{step, wall_s, flops, train_loss, heldout_loss, d_k}``.
     """
-    from datasets import make_dataset
-
     device = cfg.device
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device cuda requested but torch.cuda.is_available() is False")
+    require_device(device)
     torch.manual_seed(cfg.seed)
-    dtype = getattr(torch, cfg.dtype)
     ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
     d_k_start = cfg.d_k_max if cfg.method == "fixed-large" else cfg.d_k0
-    model = ds.build_model(d_k_start, n_heads=cfg.n_heads, scale_policy=cfg.scale_policy, dtype=dtype,
-                           device=device)
+    model = ds.build_model(d_k_start, n_heads=cfg.n_heads, scale_policy=cfg.scale_policy,
+                           dtype=getattr(torch, cfg.dtype), device=device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     strategy = strategies.make(cfg.method) if cfg.grows else None
     heldout = [tuple(t.to(device) for t in ds.batch(cfg.b, "test", i)) for i in range(HELDOUT_BATCHES)]
-
     flops_per_step: dict[tuple, float] = {}
-    wall = train_flops = growth_flops = growth_wall = 0.0
-    events: list[dict] = []
-    checks: list[dict] = []
-    curve = []
-    recent: list[float] = []
-
-    def arch() -> tuple:
-        return tuple(model.block.d_k(h) for h in range(cfg.n_heads))
-
-    def point(step: int) -> None:
-        curve.append({"step": step, "wall_s": wall, "flops": train_flops + growth_flops,
-                      "train_loss": sum(recent) / len(recent) if recent else math.nan,
-                      "heldout_loss": _heldout(model, heldout), "d_k": list(arch())})
-        recent.clear()
-
-    point(0)
+    run = _Ledger()
+    run.point(0, model, heldout)
     for step in range(1, cfg.steps + 1):
-        if cfg.grows and step > 1 and (step - 1) % cfg.grow_every == 0 and min(arch()) < cfg.d_k_max:
-            synchronize(device)
-            t0 = time.perf_counter()
-            with FlopCounterMode(display=False) as fc:
-                ev = _growth_event(model, ds, strategy, opt, cfg, step, checks)
-            synchronize(device)
-            dt = time.perf_counter() - t0
-            growth_wall += dt
-            wall += dt
-            growth_flops += float(fc.get_total_flops())
-            for e in ev:
-                e["step"] = step
-            events += ev
+        if cfg.grows and step > 1 and (step - 1) % cfg.grow_every == 0 and min(_architecture(model)) < cfg.d_k_max:
+            _counted_growth(model, ds, strategy, opt, cfg, step, run)
         inputs, targets = (t.to(device) for t in ds.batch(cfg.b, "train", step))
-        if arch() not in flops_per_step:
-            flops_per_step[arch()] = _step_flops(model, inputs, targets)
-        synchronize(device)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = model.loss(inputs, targets)
-        loss.backward()
-        opt.step()
-        synchronize(device)
-        wall += time.perf_counter() - t0
-        train_flops += flops_per_step[arch()]
+        arch = _architecture(model)
+        if arch not in flops_per_step:
+            flops_per_step[arch] = _step_flops(model, inputs, targets)
+        loss, dt = _timed(device, _optimiser_step, model, opt, inputs, targets)
+        run.wall += dt
+        run.train_flops += flops_per_step[arch]
         value = float(loss.detach())
         if not math.isfinite(value):
-            raise FloatingPointError(f"training loss became {value} at step {step} (d_k={list(arch())})")
-        recent.append(value)
+            raise FloatingPointError(f"training loss became {value} at step {step} (d_k={list(arch)})")
+        run.recent.append(value)
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            point(step)
+            run.point(step, model, heldout)
         if progress is not None:
             progress(step)
-    heldouts = [c["heldout_loss"] for c in curve]
-    return {
-        "final_heldout": heldouts[-1],
-        "best_heldout": min(heldouts),
-        "final_train": curve[-1]["train_loss"],
-        "wall_s": wall,
-        "growth_wall_s": growth_wall,
-        "train_flops": train_flops,
-        "growth_flops": growth_flops,
-        "total_flops": train_flops + growth_flops,
-        "n_growths": len({e["step"] for e in events}),
-        "final_d_k": list(arch()),
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "events": events,
-        "checks": checks,
-        "curve": curve,
-    }
+    return run.summary(model)
 
 
 def _growth_event(model, ds, strategy, opt, cfg: TrainConfig, step: int, checks: list) -> list[dict]:
     """Capture, decide (bottleneck trigger), allocate the budget and grow; return the growth records."""
-    caps, rest = _capture(model, ds, step, cfg.stats_batches, cfg.b, cfg.device)
+    caps, rest = capture(model, ds, cfg.b, growth_batches(step, cfg.stats_batches), cfg.device)
     block = model.block
     room = {h: cfg.d_k_max - block.d_k(h) for h in range(cfg.n_heads)}
     if cfg.trigger == "bottleneck":
@@ -375,7 +388,7 @@ def _growth_event(model, ds, strategy, opt, cfg: TrainConfig, step: int, checks:
         strategy = strategies.make(cfg.method, baseline={"seed": cfg.seed * 100_003 + step})
     stats = None
     if cfg.head_split == "budget":
-        stats = {h: head_statistics(strategy, caps, h) for h in range(cfg.n_heads) if room[h] > 0}
+        stats = {h: statistics_over(strategy, caps, h) for h in range(cfg.n_heads) if room[h] > 0}
         p_per_head = split_budget(strategy, stats, room, cfg.p)
     else:
         p_per_head = {h: min(cfg.p, r) for h, r in room.items()}

@@ -355,7 +355,7 @@ def check_runs(configs: Iterable, *, jobs: int = 1, max_memory: float | None = N
         Memory limit in GiB; default :func:`memory_limit` of each device.
     strict_devices : bool
         Refuse a run on a device that is not present. With False, such runs are left to
-        :func:`harness.runner.sweep.pending`, which skips them with a message (a preset that
+        :func:`harness.runner.pool.pending`, which skips them with a message (a preset that
         mixes cpu and cuda runs on a machine without a GPU), unless no run at all can
         run here.
 

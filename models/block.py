@@ -1,6 +1,6 @@
 """A single self-attention layer whose per-head query/key width d_k can grow.
 
-Notation follows MATH.md §1: ``S_i = c_i (Xa W_Q_i)(Xa W_K_i)^T``,
+Notation follows docs/mathematics.md §1: ``S_i = c_i (Xa W_Q_i)(Xa W_K_i)^T``,
 ``A_i = softmax_row(S_i)``, ``Y = concat_i(A_i Xa W_V_i) W_O (+ b_O) + X``.
 """
 
@@ -65,6 +65,22 @@ def check_new_factors(W_Q: Tensor, W_K: Tensor, d_in: int, d_k: int) -> None:
         raise ValueError(f"W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} differ in shape")
 
 
+class CaptureSwitch:
+    """The ``capture()`` context of a growth site: within it, a forward records ``X``, ``Xa``, ``S``
+    and hooks ``G = ∂L/∂S`` (the forward reads ``self._capturing``)."""
+
+    _capturing: bool = False
+
+    @contextmanager
+    def capture(self) -> Iterator[CaptureSwitch]:
+        """Within this context, forwards are recorded; ``captured()`` reads the last one after a backward."""
+        self._capturing = True
+        try:
+            yield self
+        finally:
+            self._capturing = False
+
+
 class Head(nn.Module):
     """Parameters of one head: ``W_Q``, ``W_K`` (d_in, d_k), ``W_V`` (d_in, d_v)."""
 
@@ -83,7 +99,7 @@ class Head(nn.Module):
             self.register_buffer("c0", c0)
 
 
-class GrowableAttention(nn.Module):
+class GrowableAttention(CaptureSwitch, nn.Module):
     """Residual self-attention block with h heads, each with its own growable d_k.
 
     Parameters
@@ -102,7 +118,7 @@ class GrowableAttention(nn.Module):
     causal : bool
         Mask scores above the diagonal.
     scale_policy : {"rescale", "fixed", "learnable"}
-        How the score scale c behaves as d_k grows (MATH.md §6).
+        How the score scale c behaves as d_k grows (docs/mathematics.md §6).
     generator : torch.Generator, optional
         Source of the deterministic initialisation.
     """
@@ -296,15 +312,6 @@ class GrowableAttention(nn.Module):
         return self._forward(X, scores, capture=False)
 
     # ---------------------------------------------------------------- capture
-    @contextmanager
-    def capture(self) -> Iterator[GrowableAttention]:
-        """Within this context, forward records X, Xa, S and hooks G = dL/dS."""
-        self._capturing = True
-        try:
-            yield self
-        finally:
-            self._capturing = False
-
     def captured(self, head: int = 0) -> Captured:
         """The last captured pass for ``head``; needs a backward after the forward.
 

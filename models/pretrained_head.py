@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from models.block import Captured, check_new_factors
+from models.block import Captured, CaptureSwitch, check_new_factors
 
 
 def head_factors(attention: nn.Module, head: int) -> tuple[Tensor, Tensor, float]:
@@ -80,7 +79,7 @@ def best_rank_factors(W_Q: Tensor, W_K: Tensor, rank: int) -> tuple[Tensor, Tens
     return A.to(W_Q.dtype), B.to(W_K.dtype)
 
 
-class PretrainedHead(nn.Module):
+class PretrainedHead(CaptureSwitch, nn.Module):
     """Head ``head`` of layer ``layer`` of ``encoder``, with query/key factors of any width.
 
     Parameters
@@ -197,15 +196,6 @@ class PretrainedHead(nn.Module):
     def mask(self, d_s: int, device: torch.device | None = None) -> None:
         """No mask: the encoder is bidirectional and inputs are unpadded."""
         return None
-
-    @contextmanager
-    def capture(self) -> Iterator[PretrainedHead]:
-        """Within this context, a forward records ``X``, ``Xa``, ``S`` and hooks ``G = ∂L/∂S``."""
-        self._capturing = True
-        try:
-            yield self
-        finally:
-            self._capturing = False
 
     def captured(self, head: int = 0) -> Captured:
         """The last captured pass; needs a backward after the forward."""

@@ -5,25 +5,31 @@ Public API::
     import strategies
     strategies.presets()                       # {name: spec}
     strategies.specs()                         # every spec of the full grid
-    s = strategies.make("gram/solve/rsvd+metric/fast:newton")   # or a preset name
+    s = strategies.make("gram/solve/rsvd+metric/fast:newton")   # or a preset name, or a Spec
     P = s.direction(X, G, mask=None)           # (b, d_s, d_e), (b, d_s, d_s) -> (d_e, d_e)
     r = s.grow(W_Q, W_K, X, G, p=4, loss_of_scores=fn, scale=c, new_scale=c2, mask=None)
     stats = s.new_statistics(); stats.update(X, G)
     strategies.metrics.optimality(G, X, r.dZ)
+    strategies.Spec.parse("formula2").replace(method="newton")   # a spec as a value
 
-See ``../shared/MATH.md`` for the mathematics.
+A new component is one class registered with :func:`register` (see ``registry.py``).
+The mathematics is in ``docs/mathematics.md``.
 """
 
-from . import metrics
+# The component files register themselves on import: every axis's file is imported here.
+from . import averaging, baselines, inverse, line_search, metrics, truncation  # noqa: F401
 from .averaging import Averaging
+from .factory import make
 from .growth import GrowthStrategy, StepContext, Strategy, build_search_problem
-from .line_search import LineSearch, SearchProblem, truncated_scores
-from .registry import REGISTRY, canonical, default_spec, make, parse, presets, register, specs
+from .line_search import METHODS, LineSearch, SearchProblem, truncated_scores
+from .registry import REGISTRY, register
 from .result import GrowthResult
+from .spec import Spec, baseline_names, canonical, default_spec, parse, presets, specs
 from .statistics import Statistics
 from .truncation import Metric, Truncation
 
 __all__ = [
+    "METHODS",
     "REGISTRY",
     "Averaging",
     "GrowthResult",
@@ -31,10 +37,12 @@ __all__ = [
     "LineSearch",
     "Metric",
     "SearchProblem",
+    "Spec",
     "Statistics",
     "StepContext",
     "Strategy",
     "Truncation",
+    "baseline_names",
     "build_search_problem",
     "canonical",
     "default_spec",

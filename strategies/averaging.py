@@ -1,4 +1,4 @@
-"""The batch-averaging formulas (MATH §3, seed 001 §2.2): how one direction ``P`` is made
+"""The batch-averaging formulas (docs/mathematics.md §3): how one direction ``P`` is made
 from many samples. Each takes an inverse component (``pinv`` or ``solve``).
 
 =============  =========================================  ===============================
@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ._checks import pow2_scale
 from .cg import CGInfo, joint_operator, pcg
+from .registry import register
 from .statistics import Statistics
 
 
@@ -63,6 +64,7 @@ class _PerSampleStatistics(Statistics):
         self.sum_P = P if self.sum_P is None else self.sum_P + P
 
 
+@register("averaging")
 class PerSample(Averaging):
     """Formula 1: ``E[A_b^† M_b A_b^†] = E[X_b^† G_b X_b^†ᵀ]``, one (pseudo-)inverse per sample."""
 
@@ -78,6 +80,7 @@ class PerSample(Averaging):
         return stats.sum_P / stats.n
 
 
+@register("averaging")
 class Gram(Averaging):
     """Formulas 2 (with pinv) and 4 (with solve): ``E[A]^† E[M] E[A]^†``."""
 
@@ -110,6 +113,7 @@ class _MeanInputStatistics(Statistics):
         self.sum_G = sg if self.sum_G is None else self.sum_G + sg
 
 
+@register("averaging")
 class MeanInput(Averaging):
     """Formula 3: ``E[X]^† E[G] (E[X]^†)ᵀ``, averaging sequences before inverting."""
 
@@ -162,6 +166,7 @@ class _JointStatistics(Statistics):
         return X, torch.cat(masks)
 
 
+@register("averaging")
 class Joint(Averaging):
     """The exact direction: solves ``E[A_b P A_b] = E[M_b]`` (masked operator if a mask is given).
 
@@ -256,5 +261,3 @@ def solve_joint(
         )
     return P, cg
 
-
-AVERAGINGS: dict[str, type] = {"per-sample": PerSample, "gram": Gram, "mean-input": MeanInput, "joint": Joint}

@@ -1,4 +1,4 @@
-"""Baselines a growth strategy must beat (MATH §8). They take no step (λ = 0).
+"""Baselines a growth strategy must beat (docs/mathematics.md §8). They take no step (λ = 0).
 
 ``random``: new columns of both factors drawn small at random (each ~1% of its own
 factor's RMS entry, so the new part of ``Z`` is ~1e-4 of the old one whatever the balance
@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ._checks import pow2_scale
 from .growth import StepContext, Strategy
+from .registry import register
 from .statistics import Statistics
 from .timing import timed
 
@@ -95,6 +96,7 @@ class Baseline(Strategy):
         raise NotImplementedError
 
 
+@register("baseline")
 class RandomGrowth(Baseline):
     """New columns of both ``W_Q`` and ``W_K`` drawn small at random.
 
@@ -157,6 +159,7 @@ class RandomGrowth(Baseline):
         return float(ctx.loss(ctx.new_scale * (ctx.X @ W_Q) @ (ctx.X @ W_K).mT))
 
 
+@register("baseline")
 class ZeroGrowth(Baseline):
     """New ``W_Q`` columns random, new ``W_K`` columns zero: the function is unchanged."""
 
@@ -166,6 +169,7 @@ class ZeroGrowth(Baseline):
         return self._random(W_Q, W_Q.shape[0], p, W_Q * keep), W_K.new_zeros(W_K.shape[0], p)
 
 
+@register("baseline")
 class GradMax(Baseline):
     """New ``W_K`` columns zero, new ``W_Q`` columns the top-``p`` left singular vectors of ``E[M]``.
 
@@ -192,5 +196,3 @@ class GradMax(Baseline):
             norm = float(_column_norms(W_Q * keep).mean()) if W_Q.shape[1] else 1.0
         return U[:, :p] * norm, W_K.new_zeros(W_K.shape[0], p)
 
-
-BASELINES: dict[str, type] = {"random": RandomGrowth, "zero": ZeroGrowth, "gradmax": GradMax}

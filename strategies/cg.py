@@ -1,4 +1,4 @@
-"""Matrix-free preconditioned conjugate gradients for the joint normal equations (MATH §2–3).
+"""Matrix-free preconditioned conjugate gradients for the joint normal equations (docs/mathematics.md §2–3).
 
 The operator is ``P ↦ E_b[ X_bᵀ (mask_b ⊙ X_b P X_bᵀ) X_b ]`` (``E_b[A_b P A_b]`` without
 a mask); it is self-adjoint and positive semi-definite in the Frobenius inner product.

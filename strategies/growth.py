@@ -2,7 +2,7 @@
 
 ``Strategy`` holds what every strategy (including the baselines) shares: input
 validation, statistics, the loss bookkeeping and the result record. ``GrowthStrategy``
-is the functional-gradient growth of MATH §2–5.
+is the functional-gradient growth of docs/mathematics.md §2–5.
 
 Precision and range, the same for every strategy (``Strategy.grow``):
 
@@ -261,83 +261,145 @@ class Strategy(ABC):
         """
         t_start = time.perf_counter()
         mask = check_batch(X, G, mask)
-        d_k = check_factors(W_Q, W_K, X.shape[-1], p)
+        check_factors(W_Q, W_K, X.shape[-1], p)
         if W_Q.dtype != X.dtype or W_Q.device != X.device:
             raise ValueError(f"W_Q/W_K ({W_Q.dtype}, {W_Q.device}) must match X ({X.dtype}, {X.device})")
-        scale = check_scale("scale", 1.0 / math.sqrt(max(d_k, 1)) if scale is None else scale)
-        new_scale = check_scale("new_scale", scale if new_scale is None else new_scale)
         out_dtype = X.dtype
-        cdt = compute_dtype(out_dtype)
-        # The loss sees scores in the caller's dtype whatever the compute dtype: a half-precision
-        # model's rest (values, projections) cannot take float32 scores.
-        loss = _CountedLoss(loss_of_scores, out_dtype)
-        # Detached: the inputs are data here, and a result must never carry the caller's graph.
-        X, G, W_Q, W_K = (t.detach().to(cdt) for t in (X, G, W_Q, W_K))
-        g_max = float(G.abs().amax())
-        g_scale = 1.0
-        if g_max > 0 and not (G_RANGE[0] <= g_max <= G_RANGE[1]):
-            g_scale = float(pow2_scale(G))
-            G = G / g_scale  # exact: a power of two
         own_stats = stats is None
-        stats = self._stats(X, G, mask, stats)
-        with torch.no_grad():
-            Z = scale * W_Q @ W_K.mT
-            S0 = scale * (X @ W_Q) @ (X @ W_K).mT  # through the rank-d_k factors: cheaper than X Z Xᵀ
-            loss0 = float(loss(S0))
-        if not math.isfinite(loss0):
-            raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
-        ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
-                          log=list(stats.log), timings={"statistics": stats.elapsed},
-                          M_batch=stats.sum_M if own_stats else None, g_scale=g_scale)
-        if g_scale != 1.0:
-            ctx.info["g_scale"] = g_scale
+        ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask)
+        stats = self._stats(ctx.X, ctx.G, mask, stats)
+        ctx.log[:0] = stats.log
+        ctx.timings["statistics"] = stats.elapsed
+        if own_stats:
+            ctx.M_batch = stats.sum_M
         W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p)
-        log, info, timings = ctx.log, ctx.info, ctx.timings
-        for name, W in (("W_Q", W_Q2), ("W_K", W_K2)):
-            if not bool(torch.isfinite(W).all()):
-                raise FloatingPointError(f"{self.spec}: new {name} is not finite (fallbacks: {log})")
-        W_Q_out, W_K_out = W_Q2.detach().to(out_dtype), W_K2.detach().to(out_dtype)
-        if out_dtype != cdt:
-            for name, W, W_out in (("W_Q", W_Q2, W_Q_out), ("W_K", W_K2, W_K_out)):
-                if not bool(torch.isfinite(W_out).all()):
-                    raise FloatingPointError(
-                        f"{self.spec}: new {name} overflows {out_dtype} (max |entry| {float(W.abs().amax()):.3g})")
-            # Report what the caller gets: the loss and dZ of the rounded factors.
-            if ctx.loss_after is not None:
-                info[f"loss_after_{str(cdt).removeprefix('torch.')}"] = ctx.loss_after
-            W_Q2, W_K2, ctx.loss_after = W_Q_out.to(cdt), W_K_out.to(cdt), None
-        with torch.no_grad():
-            dZ = new_scale * W_Q2 @ W_K2.mT - Z
-            if ctx.loss_after is not None:
-                loss_after = ctx.loss_after
-            else:
-                loss_after = float(loss(new_scale * (X @ W_Q2) @ (X @ W_K2).mT))
-            # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
-            # statistics were built from it, else one pass over the batch.
-            M = ctx.M_batch
-            if M is None:
-                Gm = G if mask is None else G.masked_fill(~mask, 0.0)
-                M = X.reshape(-1, X.shape[-1]).mT @ (Gm @ X).reshape(-1, X.shape[-1])
-            first_order = float(-(M * dZ).sum()) * g_scale
-        if not math.isfinite(loss_after):
-            # Never a silent NaN: the record says so, and GrowthResult.loss_after_finite is False.
-            log.append(f"loss: loss_of_scores returned {loss_after} at the new factors (λ = {lam:.3g})")
-        synchronize(X.device)
-        timings["total"] = time.perf_counter() - t_start + (timings["statistics"] if not own_stats else 0.0)
-        return GrowthResult(
-            W_Q=W_Q_out,
-            W_K=W_K_out,
-            dZ=dZ.detach().to(out_dtype),
-            lam=float(lam),
-            first_order_decrease=first_order,
-            loss_before=loss0,
-            loss_after=loss_after,
-            n_loss_evals=loss.calls,
-            fallback=log,
-            timings=timings,
-            spec=self.spec,
-            info=info,
-        )
+        result = finish_step(ctx, W_Q2, W_K2, lam, out_dtype, self.spec)
+        # Statistics the caller accumulated were timed when they were built: count them in.
+        result.timings["total"] = time.perf_counter() - t_start + (0.0 if own_stats else stats.elapsed)
+        return result
+
+
+def start_step(
+    W_Q: Tensor, W_K: Tensor, X: Tensor, G: Tensor, loss_of_scores: Callable[[Tensor], Tensor],
+    scale: float | None, new_scale: float | None, mask: Tensor | None,
+) -> tuple[StepContext, Tensor, Tensor]:
+    """The step context of one growth: inputs in the compute dtype, ``G`` in range, current scores and loss.
+
+    Parameters
+    ----------
+    W_Q, W_K : Tensor
+        Current factors ``(d_e, d_k)``, already checked against ``X``.
+    X, G : Tensor
+        The batch ``(b, d_s, d_e)`` and ``∂L/∂S`` ``(b, d_s, d_s)``, already checked.
+    loss_of_scores : callable
+        The caller's loss; counted and cast back to the caller's dtype.
+    scale, new_scale : float or None
+        ``c`` (default ``1/sqrt(d_k)``) and ``c'`` (default ``c``).
+    mask : Tensor or None
+        The checked mask.
+
+    Returns
+    -------
+    (StepContext, Tensor, Tensor)
+        The context and ``W_Q``, ``W_K`` detached in the compute dtype.
+
+    Raises
+    ------
+    ValueError
+        A scale that is not finite and positive, or a loss that is not finite at the current scores.
+    """
+    d_k = W_Q.shape[1]
+    scale = check_scale("scale", 1.0 / math.sqrt(max(d_k, 1)) if scale is None else scale)
+    new_scale = check_scale("new_scale", scale if new_scale is None else new_scale)
+    out_dtype = X.dtype
+    cdt = compute_dtype(out_dtype)
+    # The loss sees scores in the caller's dtype whatever the compute dtype: a half-precision
+    # model's rest (values, projections) cannot take float32 scores.
+    loss = _CountedLoss(loss_of_scores, out_dtype)
+    # Detached: the inputs are data here, and a result must never carry the caller's graph.
+    X, G, W_Q, W_K = (t.detach().to(cdt) for t in (X, G, W_Q, W_K))
+    g_max = float(G.abs().amax())
+    g_scale = 1.0
+    if g_max > 0 and not (G_RANGE[0] <= g_max <= G_RANGE[1]):
+        g_scale = float(pow2_scale(G))
+        G = G / g_scale  # exact: a power of two
+    with torch.no_grad():
+        Z = scale * W_Q @ W_K.mT
+        S0 = scale * (X @ W_Q) @ (X @ W_K).mT  # through the rank-d_k factors: cheaper than X Z Xᵀ
+        loss0 = float(loss(S0))
+    if not math.isfinite(loss0):
+        raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
+    ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
+                      g_scale=g_scale)
+    if g_scale != 1.0:
+        ctx.info["g_scale"] = g_scale
+    return ctx, W_Q, W_K
+
+
+def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtype: torch.dtype,
+                spec: str) -> GrowthResult:
+    """The result of a step: factors checked and rounded, ``dZ``, the loss after, the first-order decrease.
+
+    Parameters
+    ----------
+    ctx : StepContext
+        The step's context, after the step.
+    W_Q, W_K : Tensor
+        The step's new factors ``(d_e, d_k + p)``, in the compute dtype.
+    lam : float
+        The step's λ.
+    out_dtype : torch.dtype
+        The caller's dtype.
+    spec : str
+        The strategy's spec, for the record and the messages.
+
+    Returns
+    -------
+    GrowthResult
+        Without ``timings["total"]``, which the caller sets.
+
+    Raises
+    ------
+    FloatingPointError
+        New factors that are not finite, or that overflow ``out_dtype``.
+    """
+    X, G, log = ctx.X, ctx.G, ctx.log
+    cdt = X.dtype
+    for name, W in (("W_Q", W_Q), ("W_K", W_K)):
+        if not bool(torch.isfinite(W).all()):
+            raise FloatingPointError(f"{spec}: new {name} is not finite (fallbacks: {log})")
+    W_Q_out, W_K_out = W_Q.detach().to(out_dtype), W_K.detach().to(out_dtype)
+    if out_dtype != cdt:
+        for name, W, W_out in (("W_Q", W_Q, W_Q_out), ("W_K", W_K, W_K_out)):
+            if not bool(torch.isfinite(W_out).all()):
+                raise FloatingPointError(
+                    f"{spec}: new {name} overflows {out_dtype} (max |entry| {float(W.abs().amax()):.3g})")
+        # Report what the caller gets: the loss and dZ of the rounded factors.
+        if ctx.loss_after is not None:
+            ctx.info[f"loss_after_{str(cdt).removeprefix('torch.')}"] = ctx.loss_after
+        W_Q, W_K, ctx.loss_after = W_Q_out.to(cdt), W_K_out.to(cdt), None
+    with torch.no_grad():
+        dZ = ctx.new_scale * W_Q @ W_K.mT - ctx.Z
+        if ctx.loss_after is not None:
+            loss_after = ctx.loss_after
+        else:
+            loss_after = float(ctx.loss(ctx.new_scale * (X @ W_Q) @ (X @ W_K).mT))
+        # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
+        # statistics were built from it, else one pass over the batch.
+        M = ctx.M_batch
+        if M is None:
+            Gm = G if ctx.mask is None else G.masked_fill(~ctx.mask, 0.0)
+            M = X.reshape(-1, X.shape[-1]).mT @ (Gm @ X).reshape(-1, X.shape[-1])
+        first_order = float(-(M * dZ).sum()) * ctx.g_scale
+    if not math.isfinite(loss_after):
+        # Never a silent NaN: the record says so, and GrowthResult.loss_after_finite is False.
+        log.append(f"loss: loss_of_scores returned {loss_after} at the new factors (λ = {lam:.3g})")
+    synchronize(X.device)
+    return GrowthResult(
+        W_Q=W_Q_out, W_K=W_K_out, dZ=dZ.detach().to(out_dtype), lam=float(lam), first_order_decrease=first_order,
+        loss_before=ctx.loss0, loss_after=loss_after, n_loss_evals=ctx.loss.calls, fallback=log,
+        timings=ctx.timings, spec=spec, info=ctx.info,
+    )
 
 
 def _check_direction(finite: bool) -> None:
@@ -472,3 +534,4 @@ def build_search_problem(
         truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope / norm * ctx.g_scale,
         timings=ctx.timings,
     )
+

@@ -1,4 +1,4 @@
-"""How ``†`` / ``^{-1}`` is applied: the "pinv versus solve" axis (MATH §3).
+"""How ``†`` / ``^{-1}`` is applied: the "pinv versus solve" axis (docs/mathematics.md §3).
 
 Both components expose the same two operations:
 
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .gram import PSDFactor, factor_psd
+from .registry import register
 
 
 def default_rtol(dtype: torch.dtype, n: int) -> float:
@@ -60,6 +61,7 @@ class _EigFactor(GramFactor):
         return self.A_pinv @ R
 
 
+@register("inverse")
 class Pinv:
     """SVD-based pseudo-inverse with an explicit relative cutoff.
 
@@ -157,6 +159,7 @@ class _SolveFactor(GramFactor):
         return super().sandwich(M)
 
 
+@register("inverse")
 class Solve:
     """Cholesky or LU solve, never forming the inverse.
 
@@ -202,5 +205,3 @@ class Solve:
         M = X.mT @ GX
         return self.factor(A, log).sandwich(M)
 
-
-INVERSES: dict[str, type] = {"pinv": Pinv, "solve": Solve}

@@ -1,4 +1,4 @@
-"""Choosing the step λ along the normalised direction ``P̂`` (MATH §5, seed 001 §2.3).
+"""Choosing the step λ along the normalised direction ``P̂`` (docs/mathematics.md §5).
 
 - ``normal``: ``λ ↦ L( X T_r(Z − λP̂) Xᵀ )``, one truncation per trial;
 - ``fast``: ``λ ↦ L( S − λ X P̂ Xᵀ )``, no rank constraint and no SVD per trial;
@@ -6,7 +6,7 @@
 
 Search methods: ``grid`` (0 and 16 geometric points), ``bounded`` (Brent's bounded
 method of :func:`scipy.optimize.minimize_scalar`, on ``log λ``), ``newton`` (first and
-second derivatives of the loss along the path by AD), ``quadratic`` (MATH §5: ``φ(0)``
+second derivatives of the loss along the path by AD), ``quadratic`` (docs/mathematics.md §5: ``φ(0)``
 and ``φ'(0) = −⟨G, X P̂ Xᵀ⟩`` cost nothing, one trial λ fixes a quadratic model; no AD),
 ``bracket`` (the quadratic model's guess, then :func:`scipy.optimize.bracket` on ``log λ``
 and one parabolic step through the bracket: reaches the path's best where the loss along
@@ -31,6 +31,7 @@ from scipy.optimize import bracket as scipy_bracket
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
+from .registry import register
 from .timing import timed
 
 METHODS = ("grid", "bounded", "newton", "quadratic", "bracket")
@@ -83,7 +84,7 @@ class LineSearch(ABC):
     method : {"grid", "bounded", "newton", "quadratic", "bracket"}
         Search method.
     n_grid : int
-        Grid points including λ = 0 (17, like the seed's prototype).
+        Grid points including λ = 0 (17, the starting prototype's grid, docs/mathematics.md §5.2).
     lam_min, lam_max : float
         Bracket of the grid and of the bounded search, in RMS logits per entry.
     maxiter : int
@@ -100,6 +101,8 @@ class LineSearch(ABC):
     """
 
     name: str = ""
+    #: The search methods this path takes (the part of a spec after ``:``).
+    methods: tuple[str, ...] = METHODS
     #: Whether ``search``'s returned loss is the loss at the truncated step (no re-evaluation needed).
     loss_is_final: bool = False
 
@@ -114,8 +117,8 @@ class LineSearch(ABC):
         max_backtrack: int = 8,
         max_expand: int = 6,
     ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown search method {method!r}; valid: {', '.join(METHODS)}")
+        if method not in self.methods:
+            raise ValueError(f"unknown search method {method!r}; valid: {', '.join(self.methods)}")
         if n_grid < 2:
             raise ValueError(f"n_grid must be >= 2, got {n_grid}")
         if not (0 < lam_min < lam_max):
@@ -294,7 +297,8 @@ class LineSearch(ABC):
         proposal = None
         for step in range(self.newton_steps):
             # At λ = 0 the truncated path's SVD has repeated zero singular values and is not
-            # differentiable; its tangent there is the fast path's, which is used instead.
+            # differentiable: the fast path is used there. Its slope is the truncated path's only
+            # when the part of P̂ outside Z's spaces has rank <= p (docs/mathematics.md §5.1).
             path = self._fast_path if lam == 0.0 else self.scores
             v, d1, d2 = self._derivatives(prob, lam, path)
             if step == 0:
@@ -354,6 +358,7 @@ def truncated_scores(X: Tensor, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
     return ((X @ U) * s) @ (X @ V).mT
 
 
+@register("line_search")
 class NormalSearch(LineSearch):
     """``λ ↦ L( X T_r(Z − λP̂) Xᵀ )``: the rank constraint inside every trial."""
 
@@ -364,6 +369,7 @@ class NormalSearch(LineSearch):
         return truncated_scores(prob.X, *prob.truncate(prob.Z - lam * prob.P_hat))
 
 
+@register("line_search")
 class FastSearch(LineSearch):
     """``λ ↦ L( S − λ X P̂ Xᵀ )``: no SVD per trial; ``X P̂ Xᵀ`` is computed once.
 
@@ -405,5 +411,3 @@ def _timed(prob: SearchProblem, phase: str):
     """Time a phase into ``prob.timings`` (synchronised on CUDA), or nothing when it has none."""
     return timed(prob.timings, phase, prob.X.device) if prob.timings is not None else nullcontext()
 
-
-LINE_SEARCHES: dict[str, type] = {"normal": NormalSearch, "fast": FastSearch}

@@ -1,4 +1,4 @@
-"""Scale-free quality measures of one growth (MATH §7).
+"""Scale-free quality measures of one growth (docs/mathematics.md §7).
 
 All are computed in float64: they are measurement tools and test oracles, not part
 of a strategy's cost.

@@ -1,4 +1,4 @@
-"""Truncated SVD ``T_r`` of the step ``Z − λP̂`` (MATH §4): full or randomised, plain or metric-aware.
+"""Truncated SVD ``T_r`` of the step ``Z − λP̂`` (docs/mathematics.md §4): full or randomised, plain or metric-aware.
 
 A truncation returns factors ``(U (d, r), s (r,), V (d, r))`` with ``T_r(Y) = U diag(s) Vᵀ``.
 Metric-aware truncation ``T_r^L(Y) = L^{-T} T_r(Lᵀ Y L) L^{-1}`` with ``L Lᵀ = E[A]``
@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .gram import factor_psd
+from .registry import register
 
 
 class Metric:
@@ -115,6 +116,7 @@ class Truncation(ABC):
         return metric.unwhiten(U), s, metric.unwhiten(V)
 
 
+@register("truncation")
 class FullSVD(Truncation):
     """Eckart–Young truncation by ``torch.linalg.svd``."""
 
@@ -125,6 +127,7 @@ class FullSVD(Truncation):
         return U[:, :rank], s[:rank], Vh[:rank].mT
 
 
+@register("truncation")
 class RandomizedSVD(Truncation):
     """Randomised truncation by ``torch.svd_lowrank`` (Halko et al.).
 
@@ -164,5 +167,3 @@ class RandomizedSVD(Truncation):
             U, s, V = torch.svd_lowrank(Y, q=q, niter=self.n_iter)
         return U[:, :rank], s[:rank], V[:, :rank]
 
-
-TRUNCATIONS: dict[str, type] = {"full": FullSVD, "rsvd": RandomizedSVD}

@@ -1,4 +1,4 @@
-"""The batch-averaging formulas (MATH §3) against brute-force float64 references."""
+"""The batch-averaging formulas (docs/mathematics.md §3) against brute-force float64 references."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def pinv(a: np.ndarray) -> np.ndarray:
 
 
 def reference(name: str, X: torch.Tensor, G: torch.Tensor) -> np.ndarray:
-    """The formula of MATH §3 by an explicit loop over samples and ``numpy.linalg.pinv``."""
+    """The formula of docs/mathematics.md §3 by an explicit loop over samples and ``numpy.linalg.pinv``."""
     Xn, Gn = np64(X), np64(G)
     b = Xn.shape[0]
     if name == "per-sample":
@@ -208,7 +208,7 @@ def test_direction_from_statistics_rejects_statistics_of_another_formula():
 
 @pytest.mark.parametrize("baseline", ["random", "zero", "gradmax"])
 def test_baseline_direction_is_the_plain_gradient(baseline):
-    """MATH §2: ``Σ_b M_b = ∂L/∂Z``; the baselines' direction is its mean ``E[M]``."""
+    """docs/mathematics.md §2: ``Σ_b M_b = ∂L/∂Z``; the baselines' direction is its mean ``E[M]``."""
     b, d_s, d_e = 3, 6, 4
     X = anisotropic_X(b, d_s, d_e, cond=10.0, seed=70)
     loss = attention_loss(b, d_s, seed=71)

@@ -340,7 +340,7 @@ def test_help_texts_name_no_issue_numbers(command, capsys):
 
 
 def test_plural_wording():
-    from harness.report.figures import plural
+    from harness.report.wording import plural
 
     assert plural(1, "seed") == "1 seed" and plural(3, "seed") == "3 seeds" and plural(0, "point") == "0 points"
 

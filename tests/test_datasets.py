@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from datasets import (
     make_dataset,
 )
 from datasets import cache as cache_mod
+from datasets import teacher as teacher_mod
 from datasets.base import sinusoidal_encoding
 from datasets.digits import patchify
 
@@ -248,6 +250,29 @@ def test_teacher_rank_default_and_covariance() -> None:
     x, _ = ds.batch(4000, "train", 0)
     emp = torch.cov(x.double().reshape(-1, 32).T)
     assert torch.allclose(emp, ds.covariance, atol=0.03)
+
+
+def test_reference_problem_is_the_documented_teacher_student_capture() -> None:
+    """Inputs from ``seed``, teacher from ``seed + 1``, the teacher's values and output, and a consistent capture."""
+    pb = teacher_mod.reference_problem(b=4, d_s=6, d_e=8, d_k=2, teacher_d_k=3, cond=10.0, causal=True, seed=5,
+                                       warmup_steps=0)
+    gen = torch.Generator().manual_seed(5)
+    chol = torch.linalg.cholesky(teacher_mod.anisotropic_covariance(8, 10.0, gen))
+    assert torch.equal(pb.X, teacher_mod.anisotropic_inputs(4, 6, chol, gen).float())
+    teacher = teacher_mod.sharpened_teacher(8, 3, 4.0, causal=True, generator=torch.Generator().manual_seed(6),
+                                            dtype=torch.float32)
+    assert torch.equal(pb.block.heads[0].W_V, teacher.heads[0].W_V) and torch.equal(pb.block.W_O, teacher.W_O)
+
+    S = (pb.X @ (pb.scale * pb.W_Q @ pb.W_K.mT) @ pb.X.mT).requires_grad_(True)
+    loss = pb.loss_of_scores(S)
+    with torch.no_grad():
+        assert float(loss) == pytest.approx(float(torch.nn.functional.mse_loss(pb.block(pb.X), teacher(pb.X))),
+                                            rel=1e-5)
+    (G,) = torch.autograd.grad(loss, S)
+    assert torch.allclose(G, pb.G, rtol=1e-4, atol=1e-9)
+    # ``rest`` survives pickling (the asv suites cache the problem through it).
+    Y = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(pickle.loads(pickle.dumps(pb.rest))(Y), pb.rest(Y))
 
 
 # ----------------------------------------------------------- icl-regression

@@ -10,6 +10,7 @@ with ``chattr +i`` when the tests run as root (root ignores permission bits).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -24,10 +25,13 @@ import pytest
 
 import strategies
 from harness.cli import main as cli_main
+from harness.measure import RunConfig
 from harness.recommend import first_error, recommend
 from harness.store.dbfile import APPLICATION_ID, SCHEMA_VERSION, DatabaseFileError
-from harness.store.results import COLUMNS, ResultsDB
-from harness.store.training import TrainDB
+from harness.store.results import ResultsDB
+from harness.store.schema import COLUMNS, CONFIG_COLUMNS, TABLES, TRAIN_CONFIG_COLUMNS
+from harness.store.training import TrainDB, load
+from harness.train import TrainConfig
 
 # The smallest run the CLI accepts that still measures a real growth (about 3 s on 2 cores).
 TINY = ["--strategies", "formula2", "--datasets", "teacher", "--d-s", "8", "--d-e", "8", "--b", "4", "--d-k", "2",
@@ -211,6 +215,34 @@ def test_training_tables_are_marked_and_keyed(tmp_path):
         assert r.frame()[["key", "status"]].values.tolist() == [["a", "failed"]]
 
 
+def test_new_files_get_the_statements_growbench_always_wrote(tmp_path):
+    db = tmp_path / "t.sqlite"
+    TrainDB(db).close()
+    ResultsDB(db).close()
+    with sqlite3.connect(db) as conn:
+        stored = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall())
+    assert stored["train_curves"] == ("CREATE TABLE train_curves (key TEXT NOT NULL, step INTEGER NOT NULL, "
+                                      "wall_s REAL, flops REAL, train_loss REAL, heldout_loss REAL, d_k TEXT, "
+                                      "PRIMARY KEY (key, step))")
+    assert stored["train_runs"].startswith('CREATE TABLE train_runs ("key" TEXT PRIMARY KEY, "status" TEXT NOT NULL, '
+                                           '"error" TEXT, "method", "dataset", "d_s",')
+    assert stored["runs"].startswith('CREATE TABLE runs ("key" TEXT PRIMARY KEY, "status" TEXT NOT NULL, '
+                                     '"error" TEXT, "strategy" TEXT, "dataset" TEXT, "d_s" INTEGER,')
+
+
+def test_schema_holds_every_configuration_field_in_order():
+    # The schema is written out (readable without torch); it must follow the configurations it stores.
+    assert list(CONFIG_COLUMNS) == [f.name for f in dataclasses.fields(RunConfig)]
+    assert list(TRAIN_CONFIG_COLUMNS) == [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+def test_training_loader_reads_empty_frames_where_there_is_no_training(tmp_path):
+    assert [f.empty for f in load(tmp_path / "missing.sqlite")] == [True, True]
+    db = growbench_db(tmp_path / "growth_only.sqlite")
+    runs, curves = load(db)
+    assert runs.empty and curves.empty and runs.columns.empty
+
+
 def test_older_unmarked_growbench_database_is_read_as_is_then_marked_on_write(tmp_path, capsys):
     # What growbench wrote before the mark: key PRIMARY KEY, a subset of today's columns, no application id.
     old_cols = ["key", "status", "error", "strategy", "dataset", "optimality", "t_total"]
@@ -230,6 +262,7 @@ def test_older_unmarked_growbench_database_is_read_as_is_then_marked_on_write(tm
         frame = r.frame()
     TrainDB(db).close()
     assert sorted(frame.key) == ["new", "old"] and set(COLUMNS) <= set(frame.columns)
+    assert set(TABLES["train_runs"].columns) <= set(load(db)[0].columns)  # the training tables are upgraded too
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 import strategies
-import strategies.registry as reg
+import strategies.spec as reg
 from harness import recommend as R
 from harness.cli import main as cli_main
 

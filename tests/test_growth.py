@@ -1,4 +1,5 @@
-"""End-to-end growth (MATH §4–6): function preservation at λ = 0, bookkeeping, statistics, determinism."""
+"""End-to-end growth (docs/mathematics.md §4–6): function preservation at λ = 0, bookkeeping, statistics,
+determinism."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from harness.cli import main as cli_main
 from harness.env import code_version
 from harness.measure import RunConfig
 from harness.runner.sweep import expand, run_sweep, summary, sweep_presets
-from harness.store.results import CONFIG_COLUMNS, ResultsDB
+from harness.store.results import ResultsDB
+from harness.store.schema import CONFIG_COLUMNS
 
 QUALITY = ["optimality", "first_order_decrease", "loss_before", "loss_after", "heldout_before", "heldout_after",
            "bottleneck", "lam", "n_loss_evals"]

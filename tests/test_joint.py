@@ -1,4 +1,4 @@
-"""The joint direction (PCG) against a dense Kronecker solve of the normal equations (MATH §2–3)."""
+"""The joint direction (PCG) against a dense Kronecker solve of the normal equations (docs/mathematics.md §2–3)."""
 
 from __future__ import annotations
 
@@ -77,13 +77,14 @@ def test_joint_satisfies_the_normal_equations(masked):
     for _ in range(5):
         E = np64(torch.randn(d_e, d_e, generator=g, dtype=DT)) * 1e-3
         assert objective(P + E) >= f0 - 1e-12 * f0
-    # ...and it beats every formula of MATH §3 on that objective.
+    # ...and it beats every formula of docs/mathematics.md §3 on that objective.
     for preset in ("formula1", "formula2", "formula3", "formula4"):
         assert f0 <= objective(np64(strategies.make(preset).direction(X, G, mask))) * (1 + 1e-12)
 
 
 def test_joint_equals_gram_formula_when_gram_matrices_are_equal():
-    """MATH §3: formula 2 is exact when every ``A_b`` is equal (``X_b = Q_b X_0``, ``Q_b`` orthogonal)."""
+    """docs/mathematics.md §3: formula 2 is exact when every ``A_b`` is equal (``X_b = Q_b X_0``, ``Q_b``
+    orthogonal)."""
     d_s, d_e, b = 6, 4, 5
     X0 = anisotropic_X(1, d_s, d_e, cond=1e2, seed=6)[0]
     X = torch.stack([torch.linalg.qr(torch.randn(d_s, d_s, generator=gen(30 + i), dtype=DT))[0] @ X0 for i in range(b)])

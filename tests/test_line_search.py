@@ -1,4 +1,5 @@
-"""Choosing λ (MATH §5): Newton on a quadratic, the grid as documented, fast = normal without a rank limit."""
+"""Choosing λ (docs/mathematics.md §5): Newton on a quadratic, the grid as documented, fast = normal without a
+rank limit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The measures of MATH §7 against autograd and a dense Kronecker projection."""
+"""The measures of docs/mathematics.md §7 against autograd and a dense Kronecker projection."""
 
 from __future__ import annotations
 

@@ -8,12 +8,20 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
+from matplotlib.colors import rgb_to_hsv, to_rgb
 
 import strategies
 from harness import recommend as R
 from harness.cli import main as cli_main
-from harness.report.sweep import build_report
+from harness.report.build import build_report
+from harness.report.figures.base import log_axis
+from harness.report.figures.palette import dataset_colors
+from harness.report.figures.pareto import pareto
+from harness.report.render import render_html, render_markdown
+from harness.report.sections import Bullet, Bullets, Link, Paragraph, Report, Section, Span, Table
 from harness.store.results import ResultsDB
 
 FIGURES = ("pareto", "ablation", "breakdown", "scaling", "formula_gap", "lambda", "devices")
@@ -164,7 +172,7 @@ def test_captions_are_computed_from_the_data(built):
     _, out, _ = built
     text = (out / "report.html").read_text()
     # Formula-gap rows grow with d_e at fixed d_s (ratio shrinks): the gap grows with d_s/d_e -> confirm.
-    assert "The data confirm seed 001" in text
+    assert "The data confirm the starting notes" in text
     # Scaling fits: default's times were made ∝ d_e², formula 2's ∝ d_e.
     assert f"to 2.00 ({R.label(DEFAULT)})" in text
     assert re.search(r"is [0-9.]+× (faster|slower) than formula1 \(median over 2 datasets", text)
@@ -178,6 +186,84 @@ def test_recommendation_file_and_summary(built):
 
     s = pd.read_csv(out / "summary.csv")
     assert {"dataset", "device", "strategy", "preset", "total_ms", "optimality", "failed"} <= set(s.columns)
+
+
+def test_report_opens_with_advice_derived_from_the_data(built):
+    db, out, _ = built
+    rec = R.recommend(R.load_frame(db))
+    md = (out / "report.md").read_text()
+    sections = re.findall(r"^## (.+)$", md, re.MULTILINE)
+    assert sections[:2] == ["Advice", "Database"]
+    advice = md.split("## Advice", 1)[1].split("\n## ", 1)[0]
+    assert f"**Use** `{rec.spec}`" in advice and f"{rec.evidence['median_time_ms']:.3g} ms per growth" in advice
+    html = (out / "report.html").read_text()
+    assert '<h2 id="advice">Advice</h2>' in html and f"<code>{rec.spec}</code>" in html
+
+
+def test_each_figure_has_a_two_sentence_caption_and_its_numbers_in_a_table(built):
+    _, out, _ = built
+    md = (out / "report.md").read_text()
+    for name in FIGURES:
+        section = md.split(f"](figures/{name}.png)", 1)[1].split("\n## ", 1)[0]
+        caption = section.strip().split("\n\n", 1)[0]
+        # Sentences end in ". " followed by a capital letter; "e.g." and decimals do not.
+        assert len(re.findall(r"\. [A-Z]", caption)) <= 1, (name, caption)
+        assert "\n| " in section, f"{name}: no table of numbers beside the caption"
+
+
+def test_one_report_model_renders_to_html_and_markdown():
+    section = Section("Results", [
+        Paragraph.of("Plain ", HOSTILE, " and ", Span("spec/x", "code"), Span("bold|*", "strong"), ", see ",
+                     Link("failures", "failed", "Failed runs"), "."),
+        Table(pd.DataFrame({"name": [HOSTILE], "value": [0.123456], "count": [3], "ok": [True]}), wide=("name",)),
+        Bullets([Bullet((Span("teacher", "strong"),), ("(a) met", "(b) NOT met"))]),
+    ], anchor="results")
+    report = Report("growbench report", "growbench report --db x", "now", [section])
+    html, md = render_html(report), render_markdown(report)
+    assert "<script>" not in html and "&lt;script&gt;" in html and 'href="#failed"' in html
+    assert '<td class="num">0.1235</td>' in html and "<td class=\"str\">yes</td>" in html
+    assert "<script>" not in md and "(#failed-runs)" in md and r"`spec/x`**bold\|\***" in md
+    assert "| name | value | count | ok |" in md and "| 0.1235 | 3 | yes |" in md
+    assert "- **teacher**\n  - (a) met\n  - (b) NOT met" in md
+    assert md.endswith("\n") and not md.endswith("\n\n")
+
+
+def test_pareto_names_cover_no_marker(built):
+    """Strategy names are moved off every marker and error bar, and off one another."""
+    db, _, _ = built
+    frame = R.load_frame(db)
+    result = pareto(frame, R.recommend(frame).spec)
+    fig = result.fig
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        names = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]
+        markers = [tuple(p) for c in ax.collections for p in ax.transData.transform(c.get_offsets())]
+        assert names
+        for i, box in enumerate(names):
+            assert not any(box.overlaps(other) for other in names[i + 1:]), ax.get_title()
+            assert not any(box.x0 < x < box.x1 and box.y0 < y < box.y1 for x, y in markers), ax.get_title()
+
+
+def test_log_tick_labels_never_collide():
+    for low, high in ((1.8, 30), (0.9, 3000), (150, 2500)):
+        fig, ax = plt.subplots(figsize=(4, 3))
+        ax.plot([low, high], [0, 1])
+        ax.set_xlim(low, high)
+        log_axis(ax, "x")
+        fig.canvas.draw()
+        boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text() and t.get_visible()
+                 and low <= t.get_position()[0] <= high]
+        assert len(boxes) >= 2 and all(not a.overlaps(b) for a, b in zip(boxes, boxes[1:], strict=False))
+        plt.close(fig)
+
+
+def test_palette_one_hue_per_family_and_shades_within():
+    colors = dataset_colors(["teacher", "minilm-recovery:layer=1:head=3", "minilm-similarity:layer=4:head=7", "text"])
+    assert len(set(colors.values())) == 4
+    hue = {name: round(float(rgb_to_hsv(to_rgb(c))[0]), 2) for name, c in colors.items()}
+    assert hue["minilm-recovery:layer=1:head=3"] == hue["minilm-similarity:layer=4:head=7"]
+    assert len({hue["teacher"], hue["text"], hue["minilm-recovery:layer=1:head=3"]}) == 3
 
 
 # ------------------------------------------------------------------ bad databases
@@ -289,7 +375,7 @@ def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
     data = json.loads(target.read_text())
     assert list(data)[0] == "spec" and data["spec"] == SECOND
     assert {"rule", "evidence", "db", "generated"} <= set(data) and data["evidence"]["A"]["optimality_within"]
-    import strategies.registry as reg
+    import strategies.spec as reg
 
     monkeypatch.setattr(reg, "DEFAULT_FILE", str(target))  # an absolute path: joinpath yields it
     assert strategies.default_spec() == SECOND and strategies.make("default").spec == SECOND

@@ -11,15 +11,16 @@ from helpers import kill_cli_after_rows
 
 import strategies
 from datasets import make_dataset
+from harness.capture import capture
 from harness.env import code_version
 from harness.optim_state import align_to_old, replace_parameter
 from harness.runner.train_sweep import run_train_sweep, train_presets
 from harness.store.training import TrainDB
 from harness.train import (
     TrainConfig,
-    _capture,
     factor_gradients,
     grow_heads,
+    growth_batches,
     split_budget,
     starved,
     train_run,
@@ -107,8 +108,8 @@ def test_align_to_old_recovers_a_rotated_padding_and_keeps_the_product():
 # ------------------------------------------------------------------ growth inside training
 def test_factor_gradients_match_autograd():
     ds, model = _model(n_heads=2, scale_policy="learnable")
-    caps, _ = _capture(model, ds, 0, 1, 8, "cpu")
-    x, y = ds.batch(8, "train", 10_000_000)  # the batch _capture used
+    caps, _ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
+    x, y = ds.batch(8, "train", 10_000_000)  # the batch capture used
     model.zero_grad()
     model.loss(x, y).backward()
     for h in range(2):
@@ -126,7 +127,7 @@ def test_grown_multihead_block_keeps_its_function_at_lambda_zero(scale_policy, m
     x_new, _ = ds.batch(8, "test", 3)
     with torch.no_grad():
         before = model(x_new)
-    caps, _ = _capture(model, ds, 7, 2, 8, "cpu")
+    caps, _ = capture(model, ds, 8, growth_batches(7, 2), "cpu")
 
     def flat(Y):  # a loss no step can decrease: the line search must settle on λ = 0
         return (Y * 0).sum() + 1.0
@@ -144,7 +145,7 @@ def test_growth_inside_training_decreases_the_batch_loss_and_keeps_adam_consiste
     ds, model = _model(n_heads=2)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     _train_some(model, ds, opt, 20)
-    caps, rest = _capture(model, ds, 20, 2, 8, "cpu")
+    caps, rest = capture(model, ds, 8, growth_batches(20, 2), "cpu")
     events = grow_heads(model, strategies.make("default"), opt, caps, rest, {0: 2, 1: 2}, policy)
     assert all(e["loss_after"] <= e["loss_before"] for e in events)
     assert any(e["lam"] > 0 and e["loss_after"] < e["loss_before"] for e in events)
@@ -199,7 +200,7 @@ def test_same_seed_same_curves():
 
 def test_split_budget_goes_where_the_gradient_is():
     ds, model = _model(n_heads=2)
-    caps, _ = _capture(model, ds, 0, 1, 8, "cpu")
+    caps, _ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
     strategy = strategies.make("default")
     Xa, Gs, mask = caps[0]
     stats = {0: strategy.new_statistics().update(Xa, Gs[0], mask),
@@ -214,7 +215,7 @@ def test_split_budget_goes_where_the_gradient_is():
 
 def test_starved_is_an_optimality():
     ds, model = _model()
-    caps, _ = _capture(model, ds, 0, 1, 8, "cpu")
+    caps, _ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
     o = starved(model, caps, 0)
     assert -1.0 <= o <= 1.0
 
@@ -277,7 +278,7 @@ def test_resume_after_killed_training_sweep_has_every_run_exactly_once(tmp_path)
     n_at_kill = kill_cli_after_rows(args, db, "train_runs", 2)
     assert 2 <= n_at_kill < 2 * len(seeds), "the sweep must be killed mid-way for this test to mean anything"
     with TrainDB(db) as d:
-        survived, curves = d.runs(), d.curves()
+        survived, curves = d.frame(), d.curves()
     # Every stored run has its whole curve: nothing partial survives the kill.
     per_key = curves.groupby("key").size()
     assert set(per_key.index) == set(survived.key)

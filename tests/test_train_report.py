@@ -11,8 +11,18 @@ import pandas as pd
 import pytest
 
 from harness.cli import main as cli_main
-from harness.report import training as T
-from harness.report.sweep import build_report
+from harness.report.build import build_report
+from harness.report.train_runs import (
+    MAIN_METHODS,
+    TABLE_COLUMNS,
+    growth_steps,
+    load_training,
+    median_curves,
+    prepare,
+    training_table,
+)
+from harness.report.train_verdict import NEGATIVE, overall_text, verdicts
+from harness.report.training import build_training
 from harness.store.results import ResultsDB
 from harness.store.training import TrainDB
 from harness.train import TrainConfig
@@ -102,8 +112,8 @@ def fixture_db(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def section(fixture_db):
-    runs, curves = T.load_training(fixture_db)
-    return T.build_training(runs, curves, figures=False)
+    runs, curves = load_training(fixture_db)
+    return build_training(runs, curves, figures=False)
 
 
 @pytest.fixture(scope="module")
@@ -155,20 +165,20 @@ def test_verdicts_reflect_the_numbers(section):
     assert "total FLOPs 95 against 100 (×0.950)" in t.text
     assert "(b) met: default beats random, zero and gradmax at equal final size (d_k 8)" in t.text
     assert "gradmax 1.1 (default lower on 2 of 3 seeds)" in t.text  # seed 3 of gradmax failed: 3 shared
-    assert T.NEGATIVE not in t.text
+    assert NEGATIVE not in t.text
     # text: within 5% (2.04 vs 2.0) but 120 > 100 FLOPs; gradmax (1.95) beats default.
     x = v["text"]
     assert x.matches_fixed_large is False and x.beats_baselines is False
     assert "(a) NOT met: default growth comes within 5% of fixed-large's loss, but with more FLOPs" in x.text
     assert "total FLOPs 120 against 100 (×1.200)" in x.text
-    assert "(b) NOT met: default does not beat gradmax" in x.text and T.NEGATIVE in x.text
+    assert "(b) NOT met: default does not beat gradmax" in x.text and NEGATIVE in x.text
     # digits: 1.2 > 1.05 * 1.0, with fewer FLOPs; default beats every baseline.
     d = v["digits"]
     assert d.matches_fixed_large is False and d.beats_baselines is True
     assert "does not come within 5% of fixed-large's loss (with fewer FLOPs)" in d.text
-    assert "(×1.200; target ≤ ×1.05)" in d.text and T.NEGATIVE in d.text
+    assert "(×1.200; target ≤ ×1.05)" in d.text and NEGATIVE in d.text
     assert d.numbers["loss_ratio"] == pytest.approx(1.2)
-    assert "met on 1 of 3 datasets" in T.overall_text(section.verdicts)
+    assert "met on 1 of 3 datasets" in overall_text(section.verdicts)
     # Variants enter the verdict as comparisons.
     assert "Adam state: median final held-out pad 1, reset" in t.text
     assert "Scale policy (default): median final held-out rescale 1, fixed" in t.text
@@ -177,9 +187,9 @@ def test_verdicts_reflect_the_numbers(section):
 def test_verdict_without_the_runs_it_needs_says_so():
     rows = [train_row("default", "teacher", s, 1.0, 100, 5) for s in range(2)]
     rows.append(train_row("random", "teacher", 0, 1.5, 100, 5))
-    runs = T.prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
+    runs = prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
                                     if k != "curve"} for r in rows]))
-    (v,) = T.verdicts(runs)
+    (v,) = verdicts(runs)
     assert v.matches_fixed_large is None and "(a) not judged: no successful fixed-large run" in v.text
     assert v.beats_baselines is None and "zero, gradmax did not run" in v.text
 
@@ -188,21 +198,21 @@ def test_one_dataset_at_two_sizes_is_two_panels():
     rows = [train_row("default", "teacher", 0, 1.0, 90, 5), train_row("fixed-large", "teacher", 0, 2.0, 100),
             train_row("default", "teacher", 0, 3.0, 90, 5, d_e=16), train_row("fixed-large", "teacher", 0, 3.0, 100,
                                                                              d_e=16)]
-    runs = T.prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
+    runs = prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
                                     if k != "curve"} for r in rows]))
-    t = T.training_table(runs)
+    t = training_table(runs)
     assert set(t.dataset) == {"teacher (d_e=8)", "teacher (d_e=16)"}  # medians never mix sizes
     assert _cell(t, "teacher (d_e=8)", "default").final_vs_fixed_large == pytest.approx(0.5)
-    v = {x.dataset: x for x in T.verdicts(runs, t)}
+    v = {x.dataset: x for x in verdicts(runs, t)}
     assert v["teacher (d_e=8)"].matches_fixed_large is True and v["teacher (d_e=16)"].matches_fixed_large is True
     assert "×1.000" in v["teacher (d_e=16)"].text
 
 
 def test_growth_steps_and_median_curves(section, fixture_db):
     runs = section.runs
-    assert T.growth_steps(runs, "teacher") == [10, 20, 30]  # growths recorded at steps 11, 21, 31
-    _, curves = T.load_training(fixture_db)
-    med = T.median_curves(runs, curves)
+    assert growth_steps(runs, "teacher") == [10, 20, 30]  # growths recorded at steps 11, 21, 31
+    _, curves = load_training(fixture_db)
+    med = median_curves(runs, curves)
     c = med[(med.panel == "teacher") & (med.variant == "default")].set_index("step")
     assert list(c.index) == [0, 10, 20, 30, 40] and (c.seeds == 3).all()
     assert c.loc[40, "heldout"] == pytest.approx(1.0) and c.loc[40, "lo"] == pytest.approx(0.9)
@@ -243,7 +253,7 @@ def test_training_only_report_via_the_cli(report, section):
     assert "<script>" not in md and "figures/train_curves.png" in md
     # training_summary.csv is the table; no growth-sweep files.
     csv = pd.read_csv(report / "training_summary.csv")
-    assert list(csv.columns) == T.TABLE_COLUMNS and len(csv) == len(section.table)
+    assert list(csv.columns) == TABLE_COLUMNS and len(csv) == len(section.table)
     assert not (report / "summary.csv").exists() and not (report / "recommendation.json").exists()
 
 
@@ -257,6 +267,15 @@ def test_captions_are_computed_from_the_data(report):
     assert "Two heads: median final held-out default h=2" not in variants  # only one member: no group
     assert "default h=2: final held-out 1.22" in variants  # alone in its group: listed on its own
     assert "Adam state: median final held-out pad 1, reset 1.26; lowest: pad" in variants
+
+
+def test_advice_names_where_growth_misses_its_targets(report):
+    md = (report / "report.md").read_text()
+    advice = md.split("## Advice", 1)[1].split("\n## ", 1)[0]
+    # digits: 1.2 × fixed-large's loss; text: 1.2 × its FLOPs and gradmax below default (see FINALS, FLOPS).
+    assert "when training from scratch on digits" in advice and "×1.2 its final held-out loss" in advice
+    assert "when training from scratch on text" in advice and "×1.2 its FLOPs" in advice
+    assert "on text: gradmax (1.95)" in advice and "teacher" not in advice.split("What does not matter")[0]
 
 
 def _growth_row(strategy: str, seed: int) -> dict:
@@ -279,7 +298,7 @@ def test_growth_sweep_report_gains_the_section(tmp_path):
             g.write(_growth_row("default", seed))
             g.write(_growth_row("formula1", seed))
     write_train_db(db, [train_row(m, "teacher", s, 1.0 + 0.1 * i, 100, 5 if i < 4 else 0)
-                        for s in (0, 1) for i, m in enumerate(T.MAIN_METHODS)])
+                        for s in (0, 1) for i, m in enumerate(MAIN_METHODS)])
     out = tmp_path / "out"
     done = build_report(db, out, svg=False)
     assert "train_curves" in done["figures"] and "pareto" in done["figures"]
@@ -325,7 +344,7 @@ def test_report_of_a_tiny_real_training_sweep(tmp_path):
     assert done["figures"] == ["train_curves"]
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Growth during training" in md and "- **teacher**" in md
-    (v,) = T.build_training(*T.load_training(db)).verdicts
+    (v,) = build_training(*load_training(db)).verdicts
     assert v.matches_fixed_large in (True, False) and "(a) " in v.text
     assert v.beats_baselines is None and "zero, gradmax did not run" in v.text
     s = pd.read_csv(tmp_path / "out" / "training_summary.csv")

@@ -1,4 +1,4 @@
-"""Truncation ``T_r`` (MATH §4): Eckart–Young, metric-aware optimality, randomised SVD."""
+"""Truncation ``T_r`` (docs/mathematics.md §4): Eckart–Young, metric-aware optimality, randomised SVD."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_metric_from_statistics_is_a_cholesky_factor_of_mean_gram():
 
 
 def test_metric_on_singular_gram_keeps_low_rank_matrices():
-    """MATH §4 / Metric docstring: the floored factor stays invertible, so ``T^W_r(Z) = Z`` when ``rank Z ≤ r``."""
+    """docs/mathematics.md §4.5: the floored factor stays invertible, so ``T^W_r(Z) = Z`` when ``rank Z ≤ r``."""
     X = anisotropic_X(1, 3, 6, seed=4)[0]  # rank 3 < d_e = 6
     metric = strategies.Metric(X.T @ X)
     # Found by inverse iteration, not by the eigendecomposition fallback.

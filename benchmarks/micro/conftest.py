@@ -31,8 +31,8 @@ def batch():
 
 @pytest.fixture(scope="session")
 def reference():
-    """``harness.reference.reference_problem`` at the reference size, with one warm-up step (a
+    """``datasets.teacher.reference_problem`` at the reference size, with one warm-up step (a
     loss evaluation costs the same at any point; the full 20-step warm-up takes ~15 s)."""
-    ref = pytest.importorskip("harness.reference")
+    ref = pytest.importorskip("datasets.teacher")
     torch.set_num_threads(THREADS)
     return ref.reference_problem(b=B, d_s=D_S, d_e=D_E, d_k=D_K, warmup_steps=1)

@@ -1,4 +1,4 @@
-"""One loss evaluation of the reference problem (the unit of a line search's cost, MATH §5)."""
+"""One loss evaluation of the reference problem (the unit of a line search's cost, docs/mathematics.md §5)."""
 
 import torch
 

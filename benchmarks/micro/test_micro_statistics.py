@@ -16,7 +16,7 @@ def test_update_gram_sums(benchmark, b):
     assert stats.n == b
 
 
-@pytest.mark.parametrize("inverse", ["pinv", "solve"])
+@pytest.mark.parametrize("inverse", list(strategies.REGISTRY["inverse"]))
 def test_update_per_sample(benchmark, batch, inverse):
     X, G = batch
     s = strategies.make(f"per-sample/{inverse}/full/fast:grid")

@@ -20,7 +20,7 @@ def step(request):
 
 
 @pytest.mark.parametrize("metric", [False, True], ids=["plain", "metric"])
-@pytest.mark.parametrize("name", ["full", "rsvd"])
+@pytest.mark.parametrize("name", list(strategies.REGISTRY["truncation"]))
 def test_truncate(benchmark, step, name, metric):
     Y, W = step
     trunc = strategies.REGISTRY["truncation"][name](metric=metric)

@@ -1,29 +1,27 @@
 """The ablation sweep: strategies × datasets × sizes × seeds × devices, resumable.
 
-Runs are measured in workers (in-process, joblib processes or a Dask cluster) and
-written to SQLite by this process only, one committed row per finished run.
+Presets and grids, their expansion into configurations, and the sweep itself: each
+configuration measured (:func:`harness.measure.run_one`) by :func:`harness.runner.pool.run_pending`,
+which writes one committed row per finished run.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-import os
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import fields
 
 import pandas as pd
-import torch
-from tqdm.auto import tqdm
 
 import strategies
 from datasets import DATASETS, PRETRAINED_DATASETS
-from harness.env import DEFAULT_THREADS, code_version
+from harness.env import DEFAULT_THREADS
 from harness.measure import RunConfig, run_one
+from harness.runner.pool import run_pending
 from harness.store.results import ResultsDB
 from harness.validate import ConfigError, check_jobs, check_runs, check_threads, dataset_class
+from strategies.line_search import METHODS
 
 DEFAULT_DB = "results/growbench.sqlite"
 DEFAULT_CACHE = "results/cache"
@@ -41,22 +39,13 @@ _PRESET_STRATEGIES = ["formula1", "formula2", "formula3", "formula4", "joint", "
 
 def one_axis_variants(spec: str) -> list[str]:
     """``spec`` with each axis changed to each other value in turn (the ablation neighbourhood)."""
-    c = strategies.parse(spec)
+    base = strategies.Spec.parse(spec)
     out = []
     for axis in ("averaging", "inverse", "truncation", "line_search"):
-        for name in strategies.REGISTRY[axis]:
-            if name != c[axis]:
-                out.append(strategies.canonical(_spec({**c, axis: name})))
-    out.append(strategies.canonical(_spec({**c, "metric": not c["metric"]})))
-    from strategies.line_search import METHODS
-
-    out += [strategies.canonical(_spec({**c, "method": m})) for m in METHODS if m != c["method"]]
+        out += [str(base.replace(**{axis: name})) for name in strategies.REGISTRY[axis] if name != getattr(base, axis)]
+    out.append(str(base.replace(metric=not base.metric)))
+    out += [str(base.replace(method=m)) for m in METHODS if m != base.method]
     return out
-
-
-def _spec(c: dict) -> str:
-    metric = "+metric" if c["metric"] else ""
-    return f"{c['averaging']}/{c['inverse']}/{c['truncation']}{metric}/{c['line_search']}:{c['method']}"
 
 
 # Sizes per dataset where its warm-up reaches a useful point (icl-regression needs
@@ -201,91 +190,6 @@ def expand(grids: Iterable[dict]) -> list[RunConfig]:
     return list(out)
 
 
-def _results(configs: list[RunConfig], jobs: int, backend: str, scheduler: str | None,
-             cache_dir: str | None, threads: int) -> Iterator[dict]:
-    """Rows as runs finish, in completion order."""
-    todo = [c.as_dict() for c in configs]
-    if backend == "dask":
-        from distributed import Client, as_completed
-
-        client = Client(scheduler) if scheduler else Client(processes=False)
-        try:
-            futures = client.map(run_one, todo, cache_dir=cache_dir, threads=threads, pure=False)
-            for fut in as_completed(futures):
-                yield fut.result()
-        finally:
-            client.close()
-        return
-    if backend != "joblib":
-        raise ValueError(f"unknown backend {backend!r}; valid: joblib, dask")
-    yield from in_workers(run_one, todo, jobs, cache_dir, threads=threads)
-
-
-def in_workers(fn: Callable, todo: list[dict], jobs: int, *args, threads: int = DEFAULT_THREADS) -> Iterator[dict]:
-    """``fn(config, *args, threads)`` for each config, here (``jobs == 1``) or in joblib processes; rows as they
-    finish.
-
-    ``threads`` is the torch thread count of each run, in this process or in each
-    worker: one by default, since at these sizes a worker's extra threads only fight
-    the other workers (and other users of the machine) for the same cores.
-    """
-    if jobs == 1:
-        for c in todo:
-            yield fn(c, *args, threads)
-        return
-    from joblib import Parallel, delayed
-
-    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(
-        delayed(in_orphan_safe_worker)(fn, c, *args, threads) for c in todo)
-
-
-#: Seconds between a worker's checks that its parent is alive.
-ORPHAN_POLL_S = 0.5
-
-
-def in_orphan_safe_worker(fn: Callable, *args):
-    """``fn(*args)`` in a joblib worker that exits as soon as its parent process is gone.
-
-    joblib's workers wait for their next task long after a SIGKILLed parent (88 s and
-    more were seen), holding memory and cores. A daemon thread, started once per worker
-    process, polls the parent's pid and ends the worker when it changes (the orphan is
-    re-parented). A polling thread rather than ``prctl(PR_SET_PDEATHSIG)``: that signal
-    follows the *thread* that spawned the worker, which in joblib is not the main one.
-    """
-    global _watched_parent
-    if _watched_parent is None:
-        _watched_parent = os.getppid()
-        threading.Thread(target=_exit_when_orphaned, args=(_watched_parent,), daemon=True,
-                         name="growbench-orphan-watch").start()
-    return fn(*args)
-
-
-_watched_parent: int | None = None
-
-
-def _exit_when_orphaned(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(ORPHAN_POLL_S)
-    os._exit(1)  # no cleanup: the parent that would read our results is gone
-
-
-def pending(configs: list, db, resume: bool, retry_failed: bool, what: str = "runs") -> tuple[list, list, str]:
-    """``(configs, todo, code_version)``: cuda configurations dropped (with a message) when no GPU is
-    available, and, with ``resume``, those whose key is already in ``db`` (failures too, unless
-    ``retry_failed``) left out of ``todo``."""
-    cuda_ok = torch.cuda.is_available()
-    skipped = [c for c in configs if torch.device(c.device).type == "cuda" and not cuda_ok]
-    if skipped:
-        print(f"skipping {len(skipped)} cuda runs: torch.cuda.is_available() is False", file=sys.stderr)
-    configs = [c for c in configs if c not in skipped]
-    version = code_version()
-    done = (db.keys("ok") if retry_failed else db.keys()) if resume else set()
-    todo = [c for c in configs if c.key(version) not in done]
-    if len(todo) < len(configs):
-        print(f"resuming: {len(configs) - len(todo)} of {len(configs)} {what} already stored", file=sys.stderr)
-    return configs, todo, version
-
-
 def run_sweep(
     configs: list[RunConfig],
     db_path: str = DEFAULT_DB,
@@ -304,7 +208,7 @@ def run_sweep(
 
     Every configuration is checked first (:func:`harness.validate.check_runs`): nothing
     runs and nothing is written when one cannot run. Runs on a device that is not
-    present are skipped with a message (:func:`pending`), unless no run is left.
+    present are skipped with a message (:func:`harness.runner.pool.pending`), unless no run is left.
 
     Parameters
     ----------
@@ -334,26 +238,9 @@ def run_sweep(
     check_threads(threads)
     check_runs(configs, jobs=jobs, max_memory=max_memory, strict_devices=False)
     with ResultsDB(db_path) as db:
-        configs, todo, version = pending(configs, db, resume, retry_failed)
-        store_as_finished(db, _results(todo, jobs, backend, scheduler, cache_dir, threads), len(todo), progress)
-        keys = {c.key(version) for c in configs}
-        frame = db.frame()
-    return frame[frame.key.isin(keys)].reset_index(drop=True)
-
-
-def store_as_finished(db, rows: Iterable[dict], total: int, progress: bool = True) -> int:
-    """Write each row to ``db`` as it arrives (one commit per run), with a progress bar; return the failures."""
-    bar = tqdm(total=total, disable=not progress, unit="run", dynamic_ncols=True)
-    failed = 0
-    try:
-        for row in rows:
-            db.write(row)
-            failed += row["status"] != "ok"
-            bar.set_postfix(failed=failed, refresh=False)
-            bar.update()
-    finally:
-        bar.close()
-    return failed
+        return run_pending(db, configs, functools.partial(run_one, cache_dir=cache_dir), jobs=jobs, threads=threads,
+                           resume=resume, retry_failed=retry_failed, progress=progress, backend=backend,
+                           scheduler=scheduler)
 
 
 def preset_summary(frame: pd.DataFrame) -> pd.DataFrame:

@@ -1,7 +1,8 @@
 """Training sweeps (``growbench train``): presets, resume, one failure recorded and the rest go on.
 
-Each run is measured in a worker (in-process or a joblib process) and written by this
-process only, with its curve, in one transaction (:mod:`harness.store.training`).
+Each run is trained in a worker (in-process or a joblib process) by
+:func:`harness.runner.pool.run_pending` and written by this process only, with its curve,
+in one transaction (:mod:`harness.store.training`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ import itertools
 
 import pandas as pd
 
+import strategies
 from harness.env import DEFAULT_THREADS, recorded
-from harness.runner.sweep import in_workers, pending, store_as_finished
+from harness.runner.pool import run_pending
 from harness.store.training import TrainDB
-from harness.train import TrainConfig, train_run
+from harness.train import FIXED_METHODS, TrainConfig, train_run
 from harness.validate import check_threads, check_train_configs
 
-BASELINES = ["default", "random", "zero", "gradmax", "fixed-small", "fixed-large"]
+#: The methods every training design compares: the default growth, each strategy baseline, and the two fixed sizes.
+COMPARED_METHODS = ["default", *strategies.baseline_names(), *FIXED_METHODS]
 
 
 def _grid(methods: list[str], datasets: list[str], seeds: list[int], **kw) -> list[TrainConfig]:
@@ -41,7 +44,7 @@ def train_presets() -> dict[str, list[TrainConfig]]:
         data = ["teacher", "text"]
         h2 = {**sizes, "d_k_max": sizes["d_k_max"] // 2, "n_heads": 2}
         return [
-            *_grid(BASELINES, data, seeds, **sizes),
+            *_grid(COMPARED_METHODS, data, seeds, **sizes),
             *_grid(["default"], data, seeds, **sizes, scale_policy="fixed"),
             *_grid(["default"], data, seeds, **sizes, scale_policy="learnable"),
             *_grid(["fixed-large"], data, seeds, **sizes, scale_policy="fixed"),
@@ -53,7 +56,7 @@ def train_presets() -> dict[str, list[TrainConfig]]:
             *_grid(["default"], data, seeds, **{**h2, "p": 2 * sizes["p"]}, head_split="budget"),
         ]
 
-    return {"smoke": _grid(BASELINES, ["teacher", "text"], [0], **smoke),
+    return {"smoke": _grid(COMPARED_METHODS, ["teacher", "text"], [0], **smoke),
             "quick": design(quick, [0, 1]),
             "full": design(full, [0, 1, 2])}
 
@@ -96,12 +99,8 @@ def run_train_sweep(configs: list[TrainConfig], db_path: str, *, jobs: int = 1, 
     check_threads(threads)
     check_train_configs(configs, jobs=jobs, max_memory=max_memory, strict_devices=False)
     with TrainDB(db_path) as db:
-        configs, todo, version = pending(configs, db, resume, retry_failed, "training runs")
-        store_as_finished(db, in_workers(run_train_one, [c.as_dict() for c in todo], jobs, threads=threads),
-                          len(todo), progress)
-        keys = {c.key(version) for c in configs}
-        runs = db.runs()
-    return runs[runs.key.isin(keys)].reset_index(drop=True)
+        return run_pending(db, configs, run_train_one, jobs=jobs, threads=threads, resume=resume,
+                           retry_failed=retry_failed, progress=progress, what="training runs")
 
 
 def train_summary(runs: pd.DataFrame) -> pd.DataFrame:

@@ -29,32 +29,17 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.store.schema import TABLES
+
 APPLICATION_ID = 0x47726F77  # "Grow"; a signed 32-bit value, as SQLite stores it
 SCHEMA_VERSION = 1
 SQLITE_MAGIC = b"SQLite format 3\x00"
-# Table -> its primary key, as every growbench version declared it.
-PRIMARY_KEYS = {"runs": ("key",), "train_runs": ("key",), "train_curves": ("key", "step")}
 # Seconds a connection waits for another writer's lock (concurrent sweeps on one file).
 TIMEOUT_S = 30.0
 
 
 class DatabaseFileError(ValueError):
     """A results file growbench refuses to use or cannot use; the message names the file."""
-
-
-def _known_columns(table: str) -> set[str]:
-    """Every column growbench has ever written to ``table`` (columns are only ever added)."""
-    if table == "runs":
-        from harness.store.results import COLUMNS
-
-        return set(COLUMNS)
-    if table == "train_runs":
-        from harness.store.training import _columns  # imports torch: only when an unmarked file has training runs
-
-        return set(_columns())
-    from harness.store.training import CURVE_COLUMNS
-
-    return {"key", *CURVE_COLUMNS}
 
 
 def _short(names: list[str], n: int = 5) -> str:
@@ -91,9 +76,9 @@ def classify(conn: sqlite3.Connection, path: Path) -> str:
             raise DatabaseFileError(f"{path}: written by a newer growbench (schema version {version}; this one "
                                     f"knows up to {SCHEMA_VERSION}); upgrade growbench or use another --db")
         for table in tables:
-            if table in PRIMARY_KEYS and _table_info(conn, table)[1] != PRIMARY_KEYS[table]:
+            if table in TABLES and _table_info(conn, table)[1] != TABLES[table].primary_key:
                 raise DatabaseFileError(f"{path}: damaged growbench database: table {table!r} lacks its "
-                                        f"PRIMARY KEY ({', '.join(PRIMARY_KEYS[table])})")
+                                        f"PRIMARY KEY ({', '.join(TABLES[table].primary_key)})")
         return "current"
     foreign = f"{path}: not a growbench database"
     if app != 0:
@@ -102,17 +87,17 @@ def classify(conn: sqlite3.Connection, path: Path) -> str:
         raise DatabaseFileError(f"{foreign} (user_version {version} without growbench's mark); refusing to touch it")
     if not objects:
         return "empty"
-    others = [f"{kind} {name!r}" for kind, name in objects if not (kind == "table" and name in PRIMARY_KEYS)]
+    others = [f"{kind} {name!r}" for kind, name in objects if not (kind == "table" and name in TABLES)]
     if others:
         raise DatabaseFileError(f"{foreign} (it holds {_short(others)}); refusing to touch it")
     for table in tables:
         cols, pk = _table_info(conn, table)
-        if pk != PRIMARY_KEYS[table]:
+        if pk != TABLES[table].primary_key:
             raise DatabaseFileError(f"{foreign}: its table {table!r} lacks growbench's PRIMARY KEY "
-                                    f"({', '.join(PRIMARY_KEYS[table])}); refusing to touch it")
-        if table != "train_curves" and "status" not in cols:
+                                    f"({', '.join(TABLES[table].primary_key)}); refusing to touch it")
+        if "status" in TABLES[table].columns and "status" not in cols:
             raise DatabaseFileError(f"{foreign}: its table {table!r} has no status column; refusing to touch it")
-        unknown = [c for c in cols if c not in _known_columns(table)]
+        unknown = [c for c in cols if c not in TABLES[table].columns]  # columns are only ever added
         if unknown:
             raise DatabaseFileError(f"{foreign}: its table {table!r} has columns growbench never wrote "
                                     f"({_short(unknown)}); refusing to touch it")

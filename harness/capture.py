@@ -1,0 +1,110 @@
+"""What a growth sees: captured forward/backward passes of a model, and statistics over them.
+
+A growth (one measurement, or one growth inside training) captures ``n`` train batches
+with :func:`capture`, then accumulates a strategy's statistics over those batches with
+:func:`statistics_over`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+import torch
+
+import strategies
+
+
+class BatchCapture(NamedTuple):
+    """One captured batch, as every head of the block saw it.
+
+    Attributes
+    ----------
+    X : Tensor, (b, d_s, d_in)
+        The input as the projections see it (the block's ``Xa``).
+    G : tuple of Tensor, each (b, d_s, d_s)
+        ``∂L/∂S`` of each head, indexed by head.
+    mask : Tensor or None
+        The block's score mask, shared by every sample.
+    """
+
+    X: torch.Tensor
+    G: tuple[torch.Tensor, ...]
+    mask: torch.Tensor | None
+
+
+class Capture(NamedTuple):
+    """The captures of a growth's batches and the rest of the model on the last one.
+
+    Attributes
+    ----------
+    batches : list of BatchCapture
+        One per captured batch, in order.
+    rest : Callable[[Tensor], Tensor]
+        The part of the model after the block as a loss of its output, on the last batch's
+        targets. ``block.loss_of_scores(rest, head)`` is the line search's loss on that batch;
+        it is left to the caller to build because it snapshots the other heads' factors,
+        which training changes between the growths of two heads.
+    """
+
+    batches: list[BatchCapture]
+    rest: Callable[[torch.Tensor], torch.Tensor]
+
+
+def capture(model, ds, b: int, indices: Iterable[int], device: str) -> Capture:
+    """Forward/backward the train batches ``indices`` of ``ds`` through ``model`` with capture.
+
+    Parameters
+    ----------
+    model : datasets.GrowthModel
+        Its ``block`` is captured; its gradients are cleared afterwards (only the captures
+        are kept).
+    ds : datasets.Dataset
+        Source of the batches, ``ds.batch(b, "train", index)``.
+    b : int
+        Batch size.
+    indices : iterable of int
+        Train batch indices, at least one.
+    device : str
+
+    Returns
+    -------
+    Capture
+        Per batch ``(X, G per head, mask)``, and the rest of the model on the last batch.
+    """
+    block = model.block
+    batches = []
+    targets = None
+    for index in indices:
+        inputs, targets = (t.to(device) for t in ds.batch(b, "train", index))
+        model.zero_grad(set_to_none=True)
+        with block.capture():
+            model.loss(inputs, targets).backward()
+        first = block.captured(0)
+        batches.append(BatchCapture(first.Xa, tuple(block.captured(h).G for h in range(block.n_heads)), first.mask))
+    model.zero_grad(set_to_none=True)
+    if targets is None:
+        raise ValueError("capture needs at least one batch index")
+    return Capture(batches, model.rest(targets))
+
+
+def statistics_over(strategy: strategies.Strategy | None, batches: Iterable[BatchCapture],
+                    head: int = 0) -> strategies.Statistics:
+    """``strategy``'s statistics of ``head`` accumulated over every captured batch.
+
+    Parameters
+    ----------
+    strategy : strategies.Strategy or None
+        Whose ``new_statistics()`` to fill; ``None`` for the plain statistics (the two Gram
+        sums ``Σ XᵀX`` and ``Σ XᵀGX``), the least any strategy pays.
+    batches : iterable of BatchCapture
+    head : int
+
+    Returns
+    -------
+    strategies.Statistics
+    """
+    stats = strategies.Statistics() if strategy is None else strategy.new_statistics()
+    for X, G, mask in batches:
+        stats.update(X, G[head], mask)
+    return stats

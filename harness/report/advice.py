@@ -1,0 +1,162 @@
+"""The report's opening advice, in plain words and derived from the data: what to use, when to prefer
+something else, and what does not matter.
+
+Every statement comes from the recommendation (:mod:`harness.recommend`), the paired ablation
+(:mod:`harness.report.figures.ablation`) or the training verdicts; nothing is written in advance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from harness.recommend import QUALITY_NAMES, Recommendation, preset_names
+from harness.report.figures.ablation import ablation_pairs, ablation_summary
+from harness.report.names import short_label
+from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
+from harness.report.train_runs import BASELINES, table_row
+from harness.report.train_verdict import TOLERANCE, measured_groups
+from harness.report.training import TrainingSection
+from harness.report.wording import four_digits, listing, three_digits, times
+
+TITLE = "Advice"
+# A change "does not matter" when its median effect over pairs stays within all three bounds.
+NEGLIGIBLE_OPTIMALITY = 0.005  # optimality is unitless, at most 1
+NEGLIGIBLE_HELDOUT_PCT = 0.05  # held-out loss decrease, in % of the held-out loss
+NEGLIGIBLE_TIME = (1 / 1.1, 1.1)  # time ratio after / before
+# A training setting "does not matter" on a dataset when its variants' final losses are this close (relative).
+NEGLIGIBLE_TRAINING = 0.01
+
+
+def _use(rec: Recommendation | None, error: str | None) -> Bullet:
+    if rec is None or rec.spec is None:
+        return Bullet((Span("Use", "strong"), f": no recommendation ({error or 'no growth strategy is eligible'})."))
+    name = short_label(rec.spec, preset_names())
+    time = f"{rec.evidence['median_time_ms']:.3g} ms per growth (median over datasets)"
+    if rec.fallback:
+        why = (f", the fallback choice: no strategy is within {100 * rec.tolerance:g}% of the best on every dataset, "
+               f"and this one comes closest (it qualifies from a tolerance of "
+               f"{100 * rec.evidence['qualifies_from_tolerance']:.1f}%), at {time}.")
+    else:
+        why = (f": the fastest growth strategy whose optimality and held-out loss decrease are within "
+               f"{100 * rec.tolerance:g}% of the best on every dataset, at {time}.")
+    return Bullet((Span("Use", "strong"), " ", Span(rec.spec, "code"), f" ({name}){why}"))
+
+
+def _quality_exceptions(rec: Recommendation) -> list[str]:
+    """Where another strategy does clearly better than the choice, per quality: who, where, by how much."""
+    names = preset_names()
+    out = []
+    for quality, quality_name in QUALITY_NAMES.items():
+        better: dict[str, list[str]] = {}
+        for ds, e in rec.evidence.items():
+            if isinstance(e, dict) and f"best_{quality}" in e and not e.get(f"{quality}_within"):
+                who = short_label(e[f"best_{quality}_strategy"], names)
+                better.setdefault(who, []).append(f"{ds} ({three_digits(e[f'best_{quality}'])} against "
+                                                  f"{three_digits(e[quality])})")
+        if better:
+            out.append(f"when {quality_name} matters most: "
+                       + "; ".join(f"{who} on {' and '.join(where)}" for who, where in better.items()) + ".")
+    return out
+
+
+def _faster(rec: Recommendation) -> list[str]:
+    """The fastest growth strategy, when it is not the choice: what its speed costs."""
+    first = rec.table.iloc[0] if len(rec.table) else None
+    if first is None or first.strategy == rec.spec or not math.isfinite(first.time_ms):
+        return []
+    chosen = rec.evidence["median_time_ms"]
+    cost = (f"falls up to {100 * first.worst_shortfall:.0f}% short of the best on a dataset"
+            if math.isfinite(first.worst_shortfall) else "falls short of the best")
+    missing = "" if first.eligible else " and did not run on every dataset"
+    return [f"when time matters more than quality: {short_label(first.strategy, preset_names())} is "
+            f"{times(chosen / first.time_ms)} faster ({first.time_ms:.3g} ms) but {cost}{missing}."]
+
+
+def _training_exceptions(section: TrainingSection) -> list[str]:
+    """Datasets where default growth misses a training target, with what did better."""
+    out = []
+    for v in section.verdicts:
+        if v.matches_fixed_large is False:
+            costs = ([f"ended at ×{v.numbers['loss_ratio']:.3g} its final held-out loss"]
+                     if v.numbers["loss_ratio"] > 1 + TOLERANCE else [])
+            costs += [f"used ×{v.numbers['flops_ratio']:.3g} its FLOPs"] if v.numbers["flops_ratio"] >= 1 else []
+            out.append(f"when training from scratch on {v.dataset}: fixed-large (the full width from the start); "
+                       f"growing with the default {' and '.join(costs)}.")
+        if v.beats_baselines is False:
+            default = table_row(section.table, v.dataset, "default")
+            better = [f"{b} ({four_digits(r.final_heldout)})" for b in BASELINES
+                      if (r := table_row(section.table, v.dataset, b)) is not None
+                      and not default.final_heldout < r.final_heldout]
+            out.append(f"when growing during training on {v.dataset}: {listing(better)} growth ended at a final "
+                       f"held-out loss no higher than the default's ({four_digits(default.final_heldout)}).")
+    return out
+
+
+def _ablation_statements(frame: pd.DataFrame) -> list[str]:
+    """The one-axis changes that change neither quality nor time, and those that change only time."""
+    pairs = ablation_pairs(frame)
+    if pairs.empty:
+        return []
+    summary = ablation_summary(pairs)
+    same_quality = ((summary.optimality.abs() <= NEGLIGIBLE_OPTIMALITY)
+                    & (summary.heldout_pct.abs() <= NEGLIGIBLE_HELDOUT_PCT))
+    same_time = summary.time.between(*NEGLIGIBLE_TIME)
+    out = []
+    if (same_quality & same_time).any():
+        changes = [_change(c) for c in summary.index[same_quality & same_time]]
+        out.append(f"the {' and the '.join(changes)}: neither quality nor time changes (medians over pairs of "
+                   f"runs: optimality within ±{NEGLIGIBLE_OPTIMALITY}, held-out decrease within "
+                   f"±{NEGLIGIBLE_HELDOUT_PCT}% of the held-out loss, time within ±10%).")
+    time_only = summary[same_quality & ~same_time]
+    if len(time_only):
+        out.append("only the time, not the quality, changes with the "
+                   + "; the ".join(_change(c, f"time ×{r.time:.2g}") for c, r in time_only.iterrows()) + ".")
+    return out
+
+
+def _change(change: str, effect: str = "") -> str:
+    """``inverse (solve → pinv)`` from the ablation's ``inverse: solve → pinv``, with ``effect`` after the values."""
+    axis, _, values = change.partition(": ")
+    return f"{axis} ({values}{', ' + effect if effect else ''})"
+
+
+def _training_settings(section: TrainingSection) -> list[str]:
+    """Per dataset, the training settings whose variants end within 1 % of one another."""
+    out = []
+    for panel in sorted(section.table.dataset.unique()):
+        close = [group for group, have in measured_groups(section.table, panel)
+                 if max(r.final_heldout for _, r in have) <= (1 + NEGLIGIBLE_TRAINING) * min(r.final_heldout
+                                                                                             for _, r in have)]
+        if close:
+            out.append(f"in training on {panel}: {listing(close)} (each setting's variants end within "
+                       f"{100 * NEGLIGIBLE_TRAINING:g}% of one another in final held-out loss).")
+    return out
+
+
+def advice_section(frame: pd.DataFrame | None, rec: Recommendation | None, error: str | None,
+                   training: TrainingSection | None) -> Section:
+    """The opening advice of the report.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame or None
+        The growth sweep's runs; None when the database has only training runs.
+    rec, error : Recommendation or None, str or None
+        The recommendation, or why there is none.
+    training : TrainingSection or None
+        The training section, when the database has training runs.
+    """
+    items = [_use(rec, error)] if frame is not None else []
+    prefer = [*(_quality_exceptions(rec) + _faster(rec) if rec is not None and rec.spec is not None else []),
+              *(_training_exceptions(training) if training is not None else [])]
+    if prefer:
+        items.append(Bullet((Span("Prefer something else", "strong"), ":"), tuple(prefer)))
+    moot = [*(_ablation_statements(frame) if frame is not None else []),
+            *(_training_settings(training) if training is not None else [])]
+    if moot:
+        items.append(Bullet((Span("What does not matter", "strong"), ":"), tuple(moot)))
+    intro = Paragraph.of("What the data below say, in short; every number is a median, explained in the "
+                         "sections that follow.")
+    return Section(TITLE, [intro, Bullets(items)], anchor="advice")

@@ -1,0 +1,203 @@
+"""``growbench report``: the ablation report of a results database.
+
+Writes, under ``out``:
+
+- ``report.html``: one self-contained page (figures embedded as base64 PNG, inline CSS,
+  no external resource; every string from the database is HTML-escaped);
+- ``report.md``: the same text, linking ``figures/*.png``;
+- ``figures/<name>.png`` (and ``.svg`` unless ``svg=False``);
+- ``summary.csv``: one line per dataset × device × strategy (``harness.runner.sweep.summary``);
+- ``recommendation.json``: the default-strategy recommendation (``harness.recommend``);
+- ``training_summary.csv``: when the database holds ``growbench train`` runs, one line per
+  dataset × training variant (:func:`harness.report.train_runs.training_table`), and the section
+  "Growth during training" in both reports.
+
+A database with training runs but no successful growth-sweep run gets a report of the
+training section alone. Both pages render one :class:`~harness.report.sections.Report`
+(:mod:`harness.report.render`).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+
+from harness.recommend import NoResults, Recommendation, load_frame, recommend
+from harness.report.advice import advice_section
+from harness.report.figures.ablation import ablation
+from harness.report.figures.base import FigureResult, not_drawn
+from harness.report.figures.formula import formula_convergence
+from harness.report.figures.lambda_curves import loss_along_lambda
+from harness.report.figures.pareto import pareto
+from harness.report.figures.timing import breakdown, devices, scaling
+from harness.report.names import NAMING
+from harness.report.output import remove_stale, write_figure, write_recommendation
+from harness.report.render import render_html, render_markdown
+from harness.report.sections import Paragraph, Report, Section, figure_section
+from harness.report.sweep import (
+    database_facts,
+    database_section,
+    failed_runs,
+    failed_section,
+    infer_sweep,
+    recommendation_sections,
+    summary_section,
+    summary_table,
+    timing_reliability,
+)
+from harness.report.train_runs import has_training, load_training
+from harness.report.training import (
+    TITLE as TRAINING_TITLE,
+)
+from harness.report.training import (
+    TrainingSection,
+    build_training,
+    infer_train_preset,
+    training_link,
+    training_sections,
+)
+
+# The growth sweep's figures after the Pareto front (which also needs the recommendation), in report order.
+SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], FigureResult], ...] = (
+    ablation, breakdown, scaling, formula_convergence, loss_along_lambda, devices)
+
+
+def _failed(what: str, error: Exception) -> None:
+    """Say on stderr that one part of the report failed (the rest is still written)."""
+    print(f"growbench report: {what} failed: {type(error).__name__}: {error}", file=sys.stderr)
+    traceback.print_exc(file=sys.stderr)
+
+
+def _training(db, out: Path) -> tuple[TrainingSection | None, list[Path], str | None]:
+    """The training section of ``db`` (None without a successful training run), its CSV, and the
+    ``growbench train`` command that regenerates the runs when they are exactly a preset's."""
+    runs, curves = load_training(db)
+    if not has_training(runs):
+        return None, [], None
+    section = build_training(runs, curves)
+    section.table.to_csv(out / "training_summary.csv", index=False)
+    preset = infer_train_preset(runs)
+    command = (f"growbench train --preset {preset} --db {shlex.quote(str(db))}   # the training runs: exactly "
+               f"the '{preset}' training preset's") if preset else None
+    return section, [out / "training_summary.csv"], command
+
+
+def _sweep_figures(frame: pd.DataFrame, rec: Recommendation | None, figdir: Path, svg: bool,
+                   written: list[Path]) -> list[FigureResult]:
+    """Draw and write each figure of the growth sweep (one at a time: each is closed once written)."""
+    def front(f: pd.DataFrame) -> FigureResult:
+        return pareto(f, rec.spec if rec else None, bool(rec and rec.fallback))
+
+    results = []
+    for name, make in (("pareto", front), *((m.__name__, m) for m in SWEEP_FIGURES)):
+        try:
+            result = make(frame)
+        except Exception as e:  # noqa: BLE001 - one figure's failure must not lose the report
+            _failed(f"figure {name}", e)
+            result = not_drawn(name, e)
+        written += write_figure(result, figdir, svg)
+        results.append(result)
+    return results
+
+
+def _write_pages(out: Path, report: Report) -> list[Path]:
+    (out / "report.html").write_text(render_html(report))
+    (out / "report.md").write_text(render_markdown(report))
+    return [out / "report.html", out / "report.md"]
+
+
+def _done(written: list[Path], figures: list[FigureResult], notes: list[str]) -> dict:
+    return {"files": [str(p) for p in written], "figures": [r.name for r in figures if r.fig is not None],
+            "notes": [f"{r.name}: {r.note}" for r in figures if r.fig is None] + notes}
+
+
+def _training_only(db, out: Path, figdir: Path, svg: bool, command: str, sweep_error: str) -> dict:
+    """The report of a database with training runs and no successful growth-sweep run."""
+    training, written, train_command = _training(db, out)
+    for r in training.figures:
+        written += write_figure(r, figdir, svg)
+    remove_stale(out, figdir, written)
+    report = Report("growbench report", f"{train_command}\n{command}" if train_command else command,
+                    datetime.now(UTC).isoformat(timespec="seconds"), training_sections(training),
+                    advice=advice_section(None, None, None, training), source=str(db),
+                    preamble=[Paragraph.of(f"No growth-sweep section: {sweep_error}.", style="note")])
+    return _done(written + _write_pages(out, report), training.figures, [])
+
+
+def _recommendation(frame: pd.DataFrame, device: str | None) -> tuple[Recommendation | None, str | None]:
+    try:
+        return recommend(frame, device=device), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def _database(frame: pd.DataFrame, db, training: TrainingSection | None) -> Section:
+    """The database section: its facts, the timing noise, and the training runs it also holds."""
+    facts = database_facts(frame, str(db))
+    facts["timing noise"] = timing_reliability(frame)
+    extra = []
+    if training:
+        facts["training runs"] = (f"{training.facts['training runs']} ({training.facts['ok']} ok, "
+                                  f"{training.facts['failed']} failed): see {TRAINING_TITLE}")
+        extra.append(Paragraph.of("The database also holds training runs: see ", training_link(), "."))
+    return database_section(facts, extra)
+
+
+def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = True, command: str | None = None,
+                 device: str | None = None) -> dict:
+    """Write the report of ``db`` under ``out``; return ``{"files": [...], "figures": [...], "notes": [...]}``.
+
+    When ``db`` holds ``growbench train`` runs, the report gains the section "Growth during
+    training" and ``training_summary.csv``; when it holds training runs but no successful
+    growth-sweep run, the report has that section only.
+
+    Raises :class:`harness.recommend.NoResults` (a ``ValueError``) when the database is missing,
+    empty or holds no successful run (of the growth sweep, nor of training).
+    """
+    out = Path(out)
+    try:
+        frame = load_frame(db)
+    except NoResults as e:
+        if not has_training(load_training(db)[0]):
+            raise
+        frame, sweep_error = None, str(e)
+    figdir = out / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    command = command or f"growbench report --db {shlex.quote(str(db))} --out {shlex.quote(str(out))}"
+    if frame is None:
+        return _training_only(db, out, figdir, svg, command, sweep_error)
+    notes = []
+    try:
+        training, written, train_command = _training(db, out)
+    except Exception as e:  # noqa: BLE001 - the training section's failure must not lose the sweep's report
+        _failed("training section", e)
+        training, written, train_command = None, [], None
+        notes.append(f"training: the section could not be built: {type(e).__name__}: {e}")
+    preset = infer_sweep(frame)
+    command = f"{train_command}\n{command}" if train_command else command
+    if preset:
+        command = (f"growbench run --preset {preset} --db {shlex.quote(str(db))}   # the database: "
+                   f"its runs are exactly the '{preset}' sweep's\n{command}")
+
+    rec, rec_error = _recommendation(frame, device)
+    results = _sweep_figures(frame, rec, figdir, svg, written)
+    train_figures = training.figures if training else []
+    for r in train_figures:
+        written += write_figure(r, figdir, svg)
+    summary = summary_table(frame)
+    summary.to_csv(out / "summary.csv", index=False)
+    written += [out / "summary.csv", write_recommendation(out / "recommendation.json", rec, rec_error, str(db))]
+    remove_stale(out, figdir, written)
+
+    sections = [_database(frame, db, training), *recommendation_sections(rec, rec_error),
+                *(figure_section(r) for r in results), summary_section(summary), failed_section(failed_runs(frame)),
+                *(training_sections(training) if training else [])]
+    report = Report("growbench ablation report", command, datetime.now(UTC).isoformat(timespec="seconds"), sections,
+                    advice=advice_section(frame, rec, rec_error, training), preamble=[Paragraph.of(NAMING)])
+    return _done(written + _write_pages(out, report), results + train_figures, notes)
