@@ -11,9 +11,10 @@ one of its modules and names that module in one of two places:
 - or the environment variable ``GROWBENCH_PLUGINS`` (module names, comma-separated),
   for a module that is not an installed package.
 
-The CLI imports them before it reads any spec, and so does every worker process of a
-sweep (workers inherit the environment and see the same entry points), so an outside
-component runs everywhere a built-in one does.
+The CLI imports them before it reads any spec. Every worker process of a sweep imports
+the modules that registered a component in the process that started it
+(:func:`strategies.registry.outside_modules`), so an outside component runs everywhere a
+built-in one does.
 """
 
 from __future__ import annotations
@@ -56,7 +57,18 @@ def load_plugins(extra: list[str] | tuple[str, ...] = ()) -> list[str]:
     PluginError
         One line naming the module and where it was named, when it cannot be imported.
     """
-    names = list(dict.fromkeys([*plugin_modules(), *extra]))
+    return import_modules([*plugin_modules(), *extra])
+
+
+def import_modules(names: list[str] | tuple[str, ...]) -> list[str]:
+    """Import ``names`` once each, in order (what :func:`load_plugins` does after finding them).
+
+    Raises
+    ------
+    PluginError
+        One line naming the module that cannot be imported.
+    """
+    names = list(dict.fromkeys(names))
     for name in names:
         try:
             importlib.import_module(name)

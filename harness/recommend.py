@@ -126,12 +126,6 @@ def stored_spec(name: object) -> strategies.Spec | None:
         return None
 
 
-def spec_parts(name: object) -> dict | None:
-    """:meth:`strategies.Spec.parts` of a stored strategy name, or None when it is not a valid spec."""
-    spec = stored_spec(name)
-    return None if spec is None else spec.parts()
-
-
 def is_growth(name: object) -> bool:
     """Whether ``name`` is a valid growth spec (not a baseline, not unknown)."""
     spec = stored_spec(name)

@@ -176,7 +176,6 @@ class GrowableAttention(CaptureSwitch, nn.Module):
             nn.Parameter(torch.zeros(d_e, dtype=dtype, device=device)) if bias else None
         )
 
-        self._capturing = False
         self._cap_id = 0
         self._cap_X: Tensor | None = None
         self._cap_Xa: Tensor | None = None

@@ -117,7 +117,6 @@ class PretrainedHead(CaptureSwitch, nn.Module):
         self._c = head_factors(self.attention, head)[2]
         self.W_Q = nn.Parameter(W_Q.detach().clone())
         self.W_K = nn.Parameter(W_K.detach().clone())
-        self._capturing = False
         self._override: Tensor | None = None
         self._cap: dict[str, Tensor] = {}
         self._cap_id = 0

@@ -73,11 +73,6 @@ def register(axis: str, name: str | None = None):
     return deco
 
 
-def component(axis: str, name: str) -> type:
-    """The class registered as ``name`` on ``axis``; ``KeyError`` if there is none."""
-    return REGISTRY[axis][name]
-
-
 def outside_modules() -> list[str]:
     """Modules, outside this package, that registered a component (for worker processes to import).
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -103,8 +104,6 @@ def test_cli_lists_and_runs_an_outside_component_in_worker_processes(plugin, tmp
     run = _cli(["run", "--preset", "smoke", "--strategies", f"{SPEC},formula4", "--datasets", "teacher",
                 "--seeds", "0", "--jobs", "2", "--db", str(db), "--no-cache", "--no-progress"], plugin, tmp_path)
     assert run.returncode == 0, run.stderr
-    import sqlite3
-
     with sqlite3.connect(db) as con:
         rows = dict(con.execute("SELECT strategy, status FROM runs").fetchall())
     assert rows.get(SPEC) == "ok", rows

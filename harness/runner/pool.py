@@ -20,7 +20,7 @@ from joblib import Parallel, delayed
 from tqdm.auto import tqdm
 
 from harness.env import DEFAULT_THREADS, code_version
-from harness.plugins import load_plugins
+from harness.plugins import import_modules
 from harness.store.base import RunStore
 from strategies.registry import outside_modules
 
@@ -143,7 +143,9 @@ def with_plugins(run: RunFunction) -> RunFunction:
 
 
 def _run_with_plugins(run: RunFunction, modules: tuple[str, ...], config: dict, **kwargs) -> dict:
-    load_plugins(modules)
+    # The parent's list already holds every plugin module that registered a component: importing it
+    # (a dict lookup after the first run) is enough, without scanning entry points on every run.
+    import_modules(modules)
     return run(config, **kwargs)
 
 
