@@ -26,6 +26,13 @@ Two datasets:
     and the window that follows it. The head is narrowed to rank ``d_k`` before the
     warm-up, which trains its factors on this objective.
 
+Option ``narrow`` chooses the heads made growable: ``head`` (the default) the one head
+``(layer, head)``, through :class:`~models.pretrained_head.PretrainedHead`; ``layer`` every
+head of ``layer``, and ``all`` every head of every layer, through
+:class:`~models.pretrained_heads.PretrainedHeads` (what ``growbench train`` grows on the real
+model: ``minilm-recovery`` is then distillation to the original model's output,
+``minilm-similarity`` fine-tuning on its own objective).
+
 ``source="random"`` builds the same architecture from its config with seeded random
 weights and a byte-level stand-in tokenizer: the same code path, without the package
 (what CI tests).
@@ -36,6 +43,8 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import importlib.util
+import math
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from models.pretrained_head import PretrainedHead, best_rank_factors, head_factors
+from models.pretrained_heads import PretrainedHeads
 
 from .base import Dataset
 from .text import TRAIN_FRACTION, corpus
@@ -57,6 +67,8 @@ CLS_ID, SEP_ID = 101, 102
 #: The stand-in tokenizer maps UTF-8 byte v to id BYTE_OFFSET + v (ordinary word-piece ids).
 BYTE_OFFSET = 1000
 SOURCES = ("pretrained", "random")
+#: Heads made growable: the one head (layer, head), every head of `layer`, every head of every layer.
+NARROW = ("head", "layer", "all")
 #: Eager attention: the Newton line search differentiates the loss twice in the scores, and the fused
 #: SDPA kernels have no double backward.
 ATTENTION = "eager"
@@ -174,8 +186,8 @@ class PretrainedModel(nn.Module):
 
     Parameters
     ----------
-    block : PretrainedHead
-        The growable head (it holds the encoder).
+    block : PretrainedHead or PretrainedHeads
+        The growable head or heads (it holds the encoder).
     pair_inputs : bool
         Inputs are (b, 2, d_s) text pairs, run as 2b sequences.
     loss_fn : Callable[[Tensor, Tensor], Tensor]
@@ -195,13 +207,13 @@ class PretrainedModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """Floating dtype of the head's factors."""
-        return self.block.W_Q.dtype
+        """Floating dtype of the heads' factors."""
+        return next(self.block.parameters()).dtype
 
     @property
     def device(self) -> torch.device:
-        """Device of the head's factors."""
-        return self.block.W_Q.device
+        """Device of the heads' factors."""
+        return next(self.block.parameters()).device
 
     def train(self, mode: bool = True) -> PretrainedModel:
         """Set ``training`` on this wrapper only; the encoder stays in eval mode."""
@@ -240,25 +252,19 @@ def contrastive_loss(H: Tensor, labels: Tensor) -> Tensor:
 class _MiniLMDataset(Dataset):
     """Shared by both MiniLM datasets: options, the token stream, windows and the model."""
 
-    defaults: dict[str, Any] = {"layer": 2, "head": 0, "source": "pretrained"}
+    defaults: dict[str, Any] = {"layer": 2, "head": 0, "source": "pretrained", "narrow": "head"}
     pair_inputs = False
 
     def __init__(self, d_e: int, d_s: int, seed: int = 0, **options: Any) -> None:
         super().__init__(d_e, d_s, seed, **options)
         o = self._options
-        if o["source"] not in SOURCES:
-            raise ValueError(f"{self.name}: source must be one of {', '.join(SOURCES)}, got {o['source']!r}")
+        check_options(self.name, o)
         width = MINILM_CONFIG["hidden_size"]
         if self.d_e != width:
             raise ValueError(f"{self.name}: d_e must be {width} (the pretrained model's width), got {self.d_e}")
         if not 3 <= self.d_s <= MINILM_CONFIG["max_position_embeddings"]:
             raise ValueError(f"{self.name}: d_s must be in 3..{MINILM_CONFIG['max_position_embeddings']}, "
                              f"got {self.d_s}")
-        n_layers, n_heads = MINILM_CONFIG["num_hidden_layers"], MINILM_CONFIG["num_attention_heads"]
-        if not 0 <= o["layer"] < n_layers:
-            raise ValueError(f"{self.name}: layer {o['layer']} out of range; valid layers: 0..{n_layers - 1}")
-        if not 0 <= o["head"] < n_heads:
-            raise ValueError(f"{self.name}: head {o['head']} out of range; valid heads: 0..{n_heads - 1}")
         self._stream = token_stream(o["source"])
         self.boundary = int(TRAIN_FRACTION * self._stream.shape[0])
         need = (2 if self.pair_inputs else 1) * (self.d_s - 2)
@@ -268,8 +274,12 @@ class _MiniLMDataset(Dataset):
         self._reference = load_encoder(o["source"], self.seed if o["source"] == "random" else 0)
 
     def options(self) -> dict[str, Any]:
-        """Layer, head and source; the weights' sha256 prefix identifies the pretrained model."""
+        """Layer, head, source and ``narrow`` (left out at its default ``head``, so one head's
+        options are what they were before it existed); the weights' sha256 prefix identifies
+        the pretrained model."""
         out = dict(self._options)
+        if out["narrow"] == "head":
+            del out["narrow"]
         if out["source"] == "pretrained":
             out["weights_sha256"] = _weights_digest(model_dir() / "model.safetensors")
         return out
@@ -287,27 +297,45 @@ class _MiniLMDataset(Dataset):
         b = tokens.shape[0]
         return torch.cat([torch.full((b, 1), CLS_ID), tokens, torch.full((b, 1), SEP_ID)], dim=1)
 
-    def original_factors(self) -> tuple[Tensor, Tensor]:
-        """The pretrained head's ``(W_Q, W_K)``, each (d_e + 1, 32) float32."""
-        attn = self._reference.encoder.layer[self._options["layer"]].attention.self
-        W_Q, W_K, _ = head_factors(attn, self._options["head"])
+    def original_factors(self, layer: int | None = None, head: int | None = None) -> tuple[Tensor, Tensor]:
+        """The pretrained ``(W_Q, W_K)`` of head ``(layer, head)`` (default: the options'), each (d_e + 1, 32)."""
+        layer = self._options["layer"] if layer is None else layer
+        head = self._options["head"] if head is None else head
+        W_Q, W_K, _ = head_factors(self._reference.encoder.layer[layer].attention.self, head)
         return W_Q, W_K
+
+    def sites(self) -> list[tuple[int, int]]:
+        """The ``(layer, head)`` pairs option ``narrow`` makes growable, in order."""
+        o = self._options
+        n_layers, n_heads = MINILM_CONFIG["num_hidden_layers"], MINILM_CONFIG["num_attention_heads"]
+        if o["narrow"] == "head":
+            return [(o["layer"], o["head"])]
+        layers = [o["layer"]] if o["narrow"] == "layer" else range(n_layers)
+        return [(layer, head) for layer in layers for head in range(n_heads)]
 
     def build_model(self, d_k: int, *, n_heads: int = 1, bias: bool = False, scale_policy: str = "rescale",
                     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> PretrainedModel:
-        """The encoder with head ``(layer, head)`` narrowed to the best rank-``d_k`` factors of its ``Z``.
+        """The encoder with the heads of :meth:`sites` narrowed to the best rank-``d_k`` factors of their ``Z``.
 
-        ``bias`` and ``scale_policy`` do not apply: the pretrained head has biases (the
-        ones column) and keeps its scale ``32^-1/2``.
+        ``bias`` and ``scale_policy`` do not apply: the pretrained heads have biases (the
+        ones column) and keep their scale ``32^-1/2``. ``n_heads`` must be 1: option
+        ``narrow`` chooses the heads.
         """
         if n_heads != 1:
-            raise ValueError(f"{self.name}: one head is grown at a time (n_heads=1), got {n_heads}")
+            raise ValueError(f"{self.name}: option narrow ({', '.join(NARROW)}) chooses the growable heads; "
+                             f"n_heads must be 1, got {n_heads}")
         if not 1 <= d_k <= self.d_e + 1:
             raise ValueError(f"{self.name}: d_k must be in 1..{self.d_e + 1}, got {d_k}")
         encoder = copy.deepcopy(self._reference).to(dtype=dtype, device=device)
-        W_Q, W_K = best_rank_factors(*self.original_factors(), d_k)
-        site = PretrainedHead(encoder, self._options["layer"], self._options["head"],
-                              W_Q.to(dtype=dtype, device=device), W_K.to(dtype=dtype, device=device))
+
+        def narrowed(layer: int, head: int) -> tuple[Tensor, Tensor]:
+            W_Q, W_K = best_rank_factors(*self.original_factors(layer, head), d_k)
+            return W_Q.to(dtype=dtype, device=device), W_K.to(dtype=dtype, device=device)
+
+        if self._options["narrow"] == "head":
+            site = PretrainedHead(encoder, self._options["layer"], self._options["head"], *narrowed(*self.sites()[0]))
+        else:
+            site = PretrainedHeads(encoder, {s: narrowed(*s) for s in self.sites()})
         return PretrainedModel(site, self.loss_fn, self.pair_inputs)
 
 
@@ -331,7 +359,9 @@ class MiniLMRecoveryDataset(_MiniLMDataset):
 
     def reference_losses(self, model: PretrainedModel, inputs: Tensor, targets: Tensor, rank: int) -> dict:
         """Losses of the known references on a batch: the original head (zero up to rounding) and the
-        best rank-``rank`` truncation of its ``Z``."""
+        best rank-``rank`` truncation of its ``Z``; none with several narrowed heads (``narrow`` not ``head``)."""
+        if self._options["narrow"] != "head":
+            return {}
         W_Q, W_K = self.original_factors()
         site, own = model.block, (model.block.W_Q, model.block.W_K)
         out = {}
@@ -364,6 +394,46 @@ class MiniLMSimilarityDataset(_MiniLMDataset):
         run = self.windows(b, split, index, 2 * n)
         pairs = torch.stack([self.frame(run[:, :n]), self.frame(run[:, n:])], dim=1)
         return pairs, torch.arange(b)
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """The option checks of both MiniLM datasets, without loading the model (a sweep is checked before it runs).
+
+    Parameters
+    ----------
+    name : str
+        The dataset's name, for the messages.
+    options : dict
+        Any of ``layer``, ``head``, ``source``, ``narrow`` (strings from a dataset spec, or typed).
+
+    Raises
+    ------
+    ValueError
+        A layer or head out of range, an unknown source or ``narrow`` (the message lists the
+        valid values), or ``transformers`` missing (the message names the ``real`` extra).
+    """
+    n_layers, n_heads = MINILM_CONFIG["num_hidden_layers"], MINILM_CONFIG["num_attention_heads"]
+    for key, count in (("layer", n_layers), ("head", n_heads)):
+        if key in options:
+            try:
+                value = float(options[key])
+            except (TypeError, ValueError):
+                value = math.nan
+            if not value.is_integer():
+                raise ValueError(f"{name}: option {key}={options[key]!r} is not a valid int")
+            if not 0 <= value < count:
+                raise ValueError(f"{name}: {key} {options[key]} out of range; valid {key}s: 0..{count - 1}")
+    for key, valid in (("source", SOURCES), ("narrow", NARROW)):
+        if key in options and options[key] not in valid:
+            raise ValueError(f"{name}: {key} must be one of {', '.join(valid)}, got {options[key]!r}")
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(f"{name}: the real model needs transformers: {EXTRA_HINT}")
+
+
+def site_count(options: dict[str, Any]) -> int:
+    """How many heads option ``narrow`` (in ``options``, default ``head``) makes growable: 1, 12 or 72."""
+    heads = MINILM_CONFIG["num_attention_heads"]
+    return {"head": 1, "layer": heads, "all": heads * MINILM_CONFIG["num_hidden_layers"]}[options.get("narrow", "head")]
 
 
 def check_sizes(name: str, d_e: int, d_s: int, d_k: int | None = None, p: int = 0) -> None:

@@ -89,6 +89,16 @@ def _float_at_least(minimum: float, strict: bool = False) -> Callable[[str], flo
     return parse
 
 
+def _regime_key(text: str) -> str:
+    """An argparse type for a regime key (``cpu/medium``); the message lists the valid ones."""
+    from strategies.regimes import Regime
+
+    try:
+        return Regime.parse(text.strip().lower()).key
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _option(command: str, field: str) -> str:
     """The option of ``command`` that sets configuration ``field`` (for a one-line refusal)."""
     return _OPTIONS.get(command, {}).get(field, "--" + field.replace("_", "-"))
@@ -252,25 +262,35 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
-    from harness.recommend import format_text, load_frame, recommend, write_default
+    from harness.recommend import format_regimes, load_frame, recommend, recommend_regimes, write_default
 
-    rec = recommend(load_frame(args.db), tolerance=args.tolerance, device=args.device, time_metric=args.time)
-    print(format_text(rec))
+    frame = load_frame(args.db)
+    if args.device:
+        frame = frame[frame.device == args.device]
+    if args.regime:
+        recs = {args.regime: recommend(frame, tolerance=args.tolerance, time_metric=args.time, regime=args.regime)}
+    else:
+        recs = recommend_regimes(frame, tolerance=args.tolerance, time_metric=args.time)
+    print(format_regimes(recs))
     if args.write:
-        if rec.spec is None or (rec.fallback and not args.force):
-            print("growbench: not written: " + ("no eligible strategy" if rec.spec is None else
-                                                "no strategy meets the rule (use --force to write the fallback)"),
+        missing = [k for k, r in recs.items() if r.spec is None]
+        fallen = [k for k, r in recs.items() if r.fallback]
+        if missing or (fallen and not args.force):
+            print("growbench: not written: " + (f"no eligible strategy in {', '.join(missing)}" if missing else
+                                                f"no strategy meets the rule in {', '.join(fallen)} "
+                                                "(use --force to write the fallback)"),
                   file=sys.stderr)
             return 1
-        path = write_default(rec, args.db, args.default_file)
-        print(f"wrote {path}: strategies.make('default') is now {rec.spec}")
+        path = write_default(recs, args.db, args.default_file)
+        chosen = "; ".join(f"{k}: {r.spec}" for k, r in recs.items())
+        print(f"wrote {path}: strategies.make('default') now runs, per regime, {chosen}")
     return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from harness.runner.train_sweep import run_train_sweep, train_presets, train_summary
+    from harness.runner.train_sweep import run_train_sweep, runnable_here, train_presets, train_summary
     from harness.store.training import TrainDB
     from harness.train import FIXED_METHODS
     from harness.validate import check_device, check_train_configs, dataset_class
@@ -303,6 +323,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
             configs = list(dict.fromkeys(dataclasses.replace(c, **{field: v}) for v in values for c in configs))
     if args.device:
         configs = list(dict.fromkeys(dataclasses.replace(c, device=args.device) for c in configs))
+    # The real model's runs need the `real` extra: a preset that mixes them with others leaves them out with a
+    # line; asked for by name (--datasets), or with nothing else left, they are refused.
+    runnable, missing = runnable_here(configs)
+    if missing and (args.datasets or not runnable):
+        raise ConfigError("dataset", missing[0])
+    for why in missing:
+        print(f"growbench train: skipping the real model's runs: {why}", file=sys.stderr)
+    configs = runnable
     check_train_configs(configs, jobs=args.jobs, max_memory=args.max_memory, strict_devices=bool(args.device))
     TrainDB(args.db).close()  # check, create and mark the file before a word is printed or a run trained
     print(f"{len(configs)} training runs -> {args.db}", file=sys.stderr)
@@ -384,8 +412,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     """The ``train`` command."""
     parser = sub.add_parser("train", help="growth during training: curves of grown vs fixed blocks into the database",
                             description="Train blocks from a small d_k, grown every K steps with each method, "
-                                        "next to fixed-size baselines; resumes by default.")
-    parser.add_argument("--preset", default="quick", help="smoke (<2 min), quick (<15 min on 2 cores), full")
+                                        "next to fixed-size baselines; on the real model (preset real), narrow "
+                                        "every head of a pretrained layer and grow them while distilling; "
+                                        "resumes by default.")
+    parser.add_argument("--preset", default="quick",
+                        help="smoke (<2 min), quick (<15 min on 2 cores), real (the pretrained MiniLM, every head of "
+                             "one layer narrowed and grown while distilling; ~10 min on one thread; extra `real`), "
+                             "full (both, longer)")
     parser.add_argument("--methods", type=_csv(str),
                         help="replace the preset's single-head methods by these (specs, presets, baselines, "
                              "fixed-small, fixed-large)")
@@ -460,13 +493,17 @@ def _add_recommend(sub: argparse._SubParsersAction) -> None:
     """The ``recommend`` command."""
     parser = sub.add_parser("recommend", help="choose the default strategy from the results by a documented rule")
     parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    parser.add_argument("--device", help="device whose runs count (default: the most frequent)")
+    parser.add_argument("--device", help="only the runs of this device count (default: every device)")
+    parser.add_argument("--regime", type=_regime_key,
+                        help="only this regime (device/band: cpu/small, cpu/medium, cpu/large, cuda/...; "
+                             "default: every regime with runs)")
     parser.add_argument("--tolerance", type=_float_at_least(0), default=0.02,
                         help="quality tolerance as a fraction of |best|, finite and >= 0 "
                              "(default 0.02, the documented rule)")
     parser.add_argument("--time", choices=["t_total", "x_floor"], default="t_total",
                         help="rank by median t_total (the rule) or by t_total/t_floor (robust to a busy machine)")
-    parser.add_argument("--write", action="store_true", help="write the choice to strategies/default.json")
+    parser.add_argument("--write", action="store_true",
+                        help="write the choice of every regime to strategies/default.json")
     parser.add_argument("--force", action="store_true", help="with --write, also write a fallback choice")
     parser.add_argument("--default-file", help="write here instead of strategies/default.json")
     parser.set_defaults(func=_cmd_recommend)

@@ -1,41 +1,42 @@
-"""Choose the default strategy from a results database, by a fixed and documented rule.
+"""Choose the default strategy of each regime from a results database, by a fixed and documented rule.
 
-The rule (:data:`RULE`), applied by :func:`recommend`:
+The rule (:data:`RULE`), applied by :func:`recommend` to the runs of one regime
+(device kind × band of widths, :mod:`strategies.regimes`) and by
+:func:`recommend_regimes` to each regime with runs:
 
-1. **Reference configuration.** For each dataset, only the runs of its *reference
+1. **Regime.** Only the runs of the regime count: its device kind (cpu, or cuda for any
+   accelerator) and its band of ``d_e`` (≤ 128, 128–1024, > 1024).
+2. **Reference configuration.** For each dataset, only the runs of its *reference
    configuration* count: the group of runs sharing sizes (``d_s, d_e, b, d_k, p``),
    ``n_batches``, ``repeats``, ``warmup_steps``, ``dtype``, ``scale_policy`` and device
    that covers the most distinct strategies (ties: the most runs, then the smallest
-   sizes). Every strategy is thus compared on the same problems and seeds; the
-   scaling grids of a sweep (other sizes, fewer strategies) do not mix in.
-2. **Eligible.** Growth strategies only (the baselines ``random``, ``zero``,
+   sizes). Every strategy is thus compared on the same problems and seeds.
+3. **Eligible.** Growth strategies only (the baselines ``random``, ``zero``,
    ``gradmax`` and names that are not valid specs are excluded) that never failed on
-   any run in the database (any configuration, any device) and that have at least one
-   successful run in the reference configuration of every dataset present.
-3. **Quality.** Per dataset, take each strategy's median over seeds of ``optimality``
-   and of ``heldout_decrease``. The *best* value is the highest such median among the
-   eligible strategies (a strategy that failed, or skipped a dataset, cannot veto the
-   others; its own medians are still compared with the best in its runner-up line). A value is
-   *within 2 %* of it when ``value >= best - 0.02 * |best|``: with a negative best
-   (no strategy lowers the held-out loss) this allows an increase at most 2 % larger
-   than the best one's; with a best of exactly 0 it asks for no increase at all.
-   A strategy *qualifies* when both of its medians are within 2 % of the best on every
-   dataset.
-4. **Speed.** Time is ``t_total`` (the growth, statistics included): the median over
-   seeds per dataset, then the **median of these per-dataset medians** (every dataset
-   weighs the same, whatever its problem size). The recommendation is the fastest
-   qualifying eligible strategy (ties: the spec string). ``time_metric="x_floor"``
-   ranks by ``t_total / t_floor`` instead (same medians): the floor is timed
-   interleaved with the growth's repeats, so the ratio cancels slow periods of a
-   shared machine; it is a robustness check, not the documented rule.
-5. **Fallback.** If no eligible strategy qualifies, the eligible strategy with the
-   smallest worst shortfall ``(best - value) / |best|`` over datasets and both
-   measures is returned (the first to qualify as the tolerance is raised; ties: the
-   faster), flagged ``fallback``; ``growbench recommend --write`` then refuses unless
-   ``--force``.
+   any run of the regime and that have a successful reference run for every seed of
+   every dataset of it (a reference run on fewer seeds cannot be paired seed by seed).
+4. **Quality, beyond noise.** Three measures: ``optimality``, ``path_efficiency`` and
+   ``heldout_decrease``. Per dataset and measure the *best* is the eligible strategy
+   with the highest median over seeds. A candidate is compared with it by the paired
+   differences ``candidate − best`` over their common seeds, with a Student-t interval
+   at 95 % (:class:`Paired`; one seed gives no interval, only the difference). It is
+   *within the tolerance* when its most favourable value within noise, ``best + high``
+   (``high``: the interval's upper bound), is ``>= best - 0.02 * |best|``: noise never
+   disqualifies a candidate that may be as good, and a loss bigger than 2 % beyond noise
+   always does. A strategy *qualifies* when it is within on every dataset and measure.
+5. **Speed.** Time is ``t_total`` (the growth, statistics included): the median over
+   seeds per dataset, then the **median of these per-dataset medians**. The
+   recommendation is the fastest qualifying eligible strategy (ties: the spec string).
+   ``time_metric="x_floor"`` ranks by ``t_total / t_floor`` instead (a robustness check
+   on a shared machine, not the documented rule).
+6. **Fallback.** If no eligible strategy qualifies, the eligible strategy with the
+   smallest worst shortfall beyond noise is returned (the first to qualify as the
+   tolerance is raised; ties: the faster), flagged ``fallback``, with the datasets and
+   measures that forced it (``forced_by``); ``growbench recommend --write`` then refuses
+   unless ``--force``.
 
-The evidence (per-dataset medians against the best) and every runner-up, with the
-reason it lost, come with the choice.
+The evidence (per-dataset medians against the best, with the paired intervals) and every
+runner-up, with the reason it lost, come with each choice.
 """
 
 from __future__ import annotations
@@ -46,24 +47,32 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 import strategies
 from harness.store.results import read_runs
 from harness.store.schema import RUNS
-from strategies.spec import check_default_choice
+from strategies.regimes import Regime, all_regimes
+from strategies.spec import REFERENCE_REGIME, check_default_choice
 
 TOLERANCE = 0.02
-QUALITY = ("optimality", "heldout_decrease")
-QUALITY_NAMES = {"optimality": "optimality", "heldout_decrease": "held-out decrease"}
+#: Confidence of the paired-difference intervals.
+CONFIDENCE = 0.95
+QUALITY = ("optimality", "path_efficiency", "heldout_decrease")
+QUALITY_NAMES = {"optimality": "optimality", "path_efficiency": "path efficiency",
+                 "heldout_decrease": "held-out decrease"}
 CELL_COLUMNS = ("d_s", "d_e", "b", "d_k", "p", "n_batches", "repeats", "warmup_steps", "dtype", "scale_policy",
                 "device")
 RULE = (
-    "Among growth strategies (baselines excluded) that never failed on any run in the database and that ran on "
-    "every dataset present, choose the fastest by the median over datasets of the per-dataset median {metric}, "
-    "whose median optimality and median held-out loss decrease are, on every dataset, within {tol:g}% of the best "
-    "eligible strategy's on that dataset (value >= best - {frac:g}*|best|). Per dataset only its reference "
-    "configuration counts: the sizes/settings/device group with the most strategies. Medians are over seeds."
+    "Per regime (device kind x band of d_e), among growth strategies (baselines excluded) that never failed on "
+    "a run of the regime and that ran every seed of every dataset of it, choose the fastest by the median over "
+    "datasets of the per-dataset median {metric}, whose optimality, path efficiency and held-out loss decrease "
+    "are, on every dataset, within {tol:g}% of the best eligible strategy's beyond noise: best + (upper bound of "
+    "the {conf:g}% t interval of the paired differences over seeds) >= best - {frac:g}*|best|. Per dataset only "
+    "its reference configuration counts: the sizes/settings/device group with the most strategies. The best is "
+    "the highest median over seeds."
 )
 
 
@@ -71,10 +80,10 @@ class NoResults(ValueError):
     """The database is missing, empty, or holds no successful run."""
 
 
-def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total") -> str:
-    """The rule in one paragraph, with the tolerance filled in."""
+def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total", confidence: float = CONFIDENCE) -> str:
+    """The rule in one paragraph, with the tolerance and confidence filled in."""
     metric = "t_total" if time_metric == "t_total" else "t_total/t_floor (x_floor)"
-    return RULE.format(tol=100 * tolerance, frac=tolerance, metric=metric)
+    return RULE.format(tol=100 * tolerance, frac=tolerance, metric=metric, conf=100 * confidence)
 
 
 # ------------------------------------------------------------------ loading
@@ -198,6 +207,40 @@ def shortfall(value: float, best: float) -> float:
     return (best - value) / abs(best) if best != 0 else math.inf
 
 
+@dataclass(frozen=True)
+class Paired:
+    """The paired differences ``candidate − best`` of one measure on one dataset, over their common seeds.
+
+    ``low``/``high`` bound the mean difference at the rule's confidence (Student's t); with one
+    seed there is no noise estimate and both equal the difference.
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, diffs: np.ndarray, confidence: float = CONFIDENCE) -> Paired:
+        diffs = np.asarray(diffs, dtype=float)
+        diffs = diffs[np.isfinite(diffs)]
+        n = len(diffs)
+        if n == 0:
+            return cls(math.nan, math.nan, math.nan, 0)
+        mean = float(diffs.mean())
+        if n == 1:
+            return cls(mean, mean, mean, 1)
+        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * diffs.std(ddof=1) / math.sqrt(n))
+        return cls(mean, mean - half, mean + half, n)
+
+    def describe(self) -> str:
+        if self.n == 0:
+            return "no common seed"
+        if self.n == 1:
+            return f"difference {self.mean:+.3g}, 1 seed (no noise estimate)"
+        return f"paired difference {self.mean:+.3g} [{self.low:+.3g}, {self.high:+.3g}] over {self.n} seeds"
+
+
 @dataclass
 class Recommendation:
     spec: str | None
@@ -209,17 +252,29 @@ class Recommendation:
     evidence: dict = field(default_factory=dict)
     table: pd.DataFrame = field(default_factory=pd.DataFrame)
     excluded_baselines: list[str] = field(default_factory=list)
+    regime: str | None = None
+    #: With a fallback: the ``(dataset, measure)`` pairs where the choice misses the tolerance.
+    forced_by: list[dict] = field(default_factory=list)
 
     @property
     def runners_up(self) -> pd.DataFrame:
         return self.table[self.table.strategy != self.spec]
 
+    @property
+    def runner_up(self) -> pd.Series | None:
+        """The fastest other eligible strategy (it lost on quality if faster, on time if slower), or None."""
+        others = self.runners_up[self.runners_up.eligible]
+        return others.iloc[0] if len(others) else None
+
     def as_json(self, db: str | None = None) -> dict:
-        """What ``--write`` stores in ``strategies/default.json`` (key ``spec`` first)."""
+        """This regime's entry of ``strategies/default.json`` (key ``spec`` first)."""
+        regime = Regime.parse(self.regime) if self.regime else None
         return {
             "spec": self.spec,
-            "rule": self.rule,
+            "regime": regime.describe() if regime else None,
             "fallback": self.fallback,
+            "forced_by": self.forced_by,
+            "datasets": self.cells,
             "evidence": self.evidence,
             "runners_up": [
                 {"strategy": r.strategy, "time_ms": _num(r.time_ms), "reason": r.reason}
@@ -234,20 +289,40 @@ def _num(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
 
 
+def run_regimes(frame: pd.DataFrame) -> pd.Series:
+    """The regime key (``device/band``) of every run, from its device and ``d_e``."""
+    keys = {(dev, d): Regime.of(dev, int(d)).key for dev, d in set(zip(frame.device, frame.d_e, strict=True))}
+    return pd.Series([keys[(dev, d)] for dev, d in zip(frame.device, frame.d_e, strict=True)], index=frame.index,
+                     dtype=object)
+
+
+def regimes_with_runs(frame: pd.DataFrame) -> list[Regime]:
+    """The regimes with a successful growth run, cpu first, narrowest band first."""
+    ok = frame[(frame.status == "ok") & frame.strategy.map(is_growth)]
+    present = set(run_regimes(ok)) if len(ok) else set()
+    return [r for r in all_regimes() if r.key in present]
+
+
 def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | None = None,
-              time_metric: str = "t_total") -> Recommendation:
-    """Apply the rule of the module docstring to a runs frame (as from :func:`load_frame`).
+              time_metric: str = "t_total", regime: Regime | str | None = None,
+              confidence: float = CONFIDENCE) -> Recommendation:
+    """Apply the rule of the module docstring to the runs of one regime (as from :func:`load_frame`).
 
     Parameters
     ----------
     frame : pandas.DataFrame
-        Every run of the database, failed ones included (they make a strategy ineligible).
+        Every run of the database, failed ones included (they make a strategy ineligible in their regime).
     tolerance : float
-        How far below the best a median may be, as a fraction of ``|best|``.
+        How far below the best a value may be, as a fraction of ``|best|``, beyond noise.
     device : str, optional
-        Compare the runs of this device only; default as :func:`reference_runs`.
+        Compare the runs of this device only (within the regime).
     time_metric : {"t_total", "x_floor"}
         ``"t_total"`` (the rule) or ``"x_floor"`` (``t_total / t_floor``, a robustness check).
+    regime : Regime or str, optional
+        The regime (``"cpu/small"``, ...) whose runs count; default the regime with the most
+        successful growth runs (of ``device``'s kind when given).
+    confidence : float
+        Confidence of the paired-difference intervals.
 
     Returns
     -------
@@ -256,35 +331,77 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
     Raises
     ------
     NoResults
-        ``frame`` holds no successful run.
+        No successful run (in the regime).
     ValueError
-        An unknown ``time_metric`` or a tolerance that is not a finite number >= 0.
+        An unknown ``time_metric`` or regime, or a tolerance that is not a finite number >= 0.
     """
     _check_rule_arguments(tolerance, time_metric)
     key = "time_ms" if time_metric == "t_total" else "x_floor"
     if frame[frame.status == "ok"].empty:
         raise NoResults("no successful runs in the database")
-    ref = reference_runs(frame, device)
-    medians = _Medians.of(ref)
+    if device is not None:
+        frame = frame[frame.device == device]
+    regime = _pick_regime(frame, regime)
+    frame = frame[run_regimes(frame) == regime.key] if len(frame) else frame
+    if frame[frame.status == "ok"].empty:
+        raise NoResults(f"no successful runs in the regime {regime.describe()}")
+    ref = reference_runs(frame)
+    runs = _Runs.of(ref, confidence)
     failures = _failure_notes(frame)
     every_growth = sorted({s for s in frame.strategy.dropna().unique() if is_growth(s)})
     baselines = sorted({s for s in frame.strategy.dropna().unique() if not is_growth(s)})
-    eligible = {s for s in every_growth if s not in failures and medians.datasets_of(s) >= set(medians.datasets)}
-    best = medians.best(eligible)
+    partial = runs.missing_seeds()
+    eligible = {s for s in every_growth
+                if s not in failures and s not in partial and runs.datasets_of(s) >= set(runs.datasets)}
+    best = runs.best(eligible)
     names = preset_names()
-    rows = [_strategy_row(s, medians, best, s in eligible, failures.get(s), tolerance, names) for s in every_growth]
+    rows = [_strategy_row(s, runs, best, s in eligible, failures.get(s) or partial.get(s), tolerance, names)
+            for s in every_growth]
     table = pd.DataFrame(rows, columns=["strategy", "preset", "time_ms", "x_floor", "eligible", "qualifies",
-                                        "worst_shortfall", "reason"])
+                                        "worst_shortfall", "misses", "reason"])
     table = table.sort_values([key, "strategy"], na_position="last", kind="stable").reset_index(drop=True)
     chosen, fallback = _choose(table, key)
-    evidence = {}
+    evidence, forced_by = {}, []
     if chosen is not None:
         _explain_choice(table, chosen, fallback, key)
-        evidence = _evidence(chosen, fallback, medians, best, ref, table, tolerance)
+        evidence = _evidence(chosen, fallback, runs, best, ref, table, tolerance)
+        if fallback:
+            forced_by = table.loc[table.strategy == chosen, "misses"].iloc[0]
     table["rank"] = range(1, len(table) + 1)
-    return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric), fallback=fallback, tolerance=tolerance,
-                          datasets=medians.datasets, cells=cell_description(ref), evidence=evidence, table=table,
-                          excluded_baselines=baselines)
+    return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric, confidence), fallback=fallback,
+                          tolerance=tolerance, datasets=runs.datasets, cells=cell_description(ref), evidence=evidence,
+                          table=table.drop(columns="misses"), excluded_baselines=baselines, regime=regime.key,
+                          forced_by=forced_by)
+
+
+def recommend_regimes(frame: pd.DataFrame, tolerance: float = TOLERANCE, time_metric: str = "t_total",
+                      confidence: float = CONFIDENCE) -> dict[str, Recommendation]:
+    """:func:`recommend` in every regime with a successful growth run: ``{regime key: Recommendation}``.
+
+    Raises
+    ------
+    NoResults
+        No successful growth run at all.
+    """
+    _check_rule_arguments(tolerance, time_metric)
+    present = regimes_with_runs(frame)
+    if not present:
+        raise NoResults("no successful growth runs in the database")
+    return {r.key: recommend(frame, tolerance, time_metric=time_metric, regime=r, confidence=confidence)
+            for r in present}
+
+
+def _pick_regime(frame: pd.DataFrame, regime: Regime | str | None) -> Regime:
+    if isinstance(regime, Regime):
+        return regime
+    if regime is not None:
+        return Regime.parse(regime)
+    present = regimes_with_runs(frame)
+    if not present:
+        ok = frame[frame.status == "ok"]
+        return Regime.of(ok.device.iloc[0], int(ok.d_e.iloc[0])) if len(ok) else REFERENCE_REGIME
+    counts = run_regimes(frame[(frame.status == "ok") & frame.strategy.map(is_growth)]).value_counts()
+    return max(present, key=lambda r: counts.get(r.key, 0))  # ties: the first (cpu, narrowest)
 
 
 def _check_rule_arguments(tolerance: float, time_metric: str) -> None:
@@ -297,17 +414,26 @@ def _check_rule_arguments(tolerance: float, time_metric: str) -> None:
 
 
 @dataclass(frozen=True)
-class _Medians:
-    """Medians over seeds of the growth strategies' reference runs (rule steps 1 and 3)."""
+class _Runs:
+    """The growth strategies' reference runs: per seed, and medians over seeds (rule steps 1 and 3)."""
 
-    table: pd.DataFrame  # index (strategy, dataset); columns t_total, x_floor and QUALITY
+    per_seed: pd.DataFrame  # index (strategy, dataset, seed); columns t_total, x_floor and QUALITY
+    table: pd.DataFrame  # medians over seeds, index (strategy, dataset)
     datasets: list[str]  # every dataset of the reference runs, baselines' included
+    confidence: float
 
     @classmethod
-    def of(cls, ref: pd.DataFrame) -> _Medians:
-        growth = ref[ref.strategy.map(is_growth)].assign(x_floor=lambda d: d.t_total / d.t_floor)
-        return cls(growth.groupby(["strategy", "dataset"])[["t_total", "x_floor", *QUALITY]].median(),
-                   sorted(ref.dataset.unique()))
+    def of(cls, ref: pd.DataFrame, confidence: float = CONFIDENCE) -> _Runs:
+        # Path efficiency above 1 means the search beat the 80-point scan, not that its path is better
+        # than another's: every strategy that reaches its path's best is equal on this measure. It is
+        # NaN where the path holds no decrease at all: nothing to miss there (optimality judges the path).
+        growth = ref[ref.strategy.map(is_growth)].assign(x_floor=lambda d: d.t_total / d.t_floor,
+                                                         path_efficiency=lambda d: d.path_efficiency.clip(upper=1.0)
+                                                         .fillna(1.0))
+        columns = ["t_total", "x_floor", *QUALITY]
+        per_seed = growth.groupby(["strategy", "dataset", "seed"])[columns].median()
+        return cls(per_seed, per_seed.groupby(level=["strategy", "dataset"]).median(), sorted(ref.dataset.unique()),
+                   confidence)
 
     def datasets_of(self, strategy: str) -> set[str]:
         """The datasets on which ``strategy`` has a successful reference run."""
@@ -319,6 +445,24 @@ class _Medians:
         """The median of ``column`` of ``strategy`` on ``dataset``."""
         return float(self.table.loc[(strategy, dataset), column])
 
+    def paired(self, strategy: str, best: str, dataset: str, column: str) -> Paired:
+        """``strategy − best`` on ``column``, paired by seed on ``dataset``."""
+        a = self.per_seed.loc[(strategy, dataset), column]
+        b = self.per_seed.loc[(best, dataset), column]
+        return Paired.of((a - b).dropna().to_numpy(), self.confidence)
+
+    def missing_seeds(self) -> dict[str, str]:
+        """``{strategy: "ran 1 of 3 seeds on <dataset>"}`` for strategies without every seed of a dataset's
+        reference runs: they cannot be paired seed by seed with the others."""
+        seeds = self.per_seed.index.to_frame(index=False)
+        out = {}
+        for ds, runs in seeds.groupby("dataset"):
+            wanted = set(runs.seed)
+            for strategy, mine in runs.groupby("strategy"):
+                if set(mine.seed) != wanted and strategy not in out:
+                    out[strategy] = f"ran {mine.seed.nunique()} of {len(wanted)} seeds on {ds}"
+        return out
+
     def over_datasets(self, strategy: str, column: str) -> float:
         """The median over datasets of the per-dataset medians of ``column`` (every dataset weighs the same)."""
         have = self.datasets_of(strategy)
@@ -328,7 +472,9 @@ class _Medians:
     def best(self, eligible: set[str]) -> dict[str, dict[str, tuple[float, str]]]:
         """``{dataset: {measure: (best median, its strategy)}}`` among the ``eligible`` strategies.
 
-        Only eligible strategies set the best, so that one that failed, or skipped a dataset, cannot veto the others.
+        Only eligible strategies set the best, so that one that failed, or skipped a dataset, cannot veto the
+        others. A measure that no eligible strategy has on a dataset (e.g. path efficiency of an older
+        database) is left out there.
         """
         best = {}
         if not eligible:
@@ -343,47 +489,58 @@ class _Medians:
 
 
 def _failure_notes(frame: pd.DataFrame) -> dict[str, str]:
-    """``{strategy: "failed N of M runs (first: <error>)"}`` for every strategy with a failed run, on any device."""
+    """``{strategy: "failed N of M runs (first: <error>)"}`` for every strategy with a failed run."""
     n_runs = frame.groupby("strategy").size()
     return {s: f"failed {len(runs)} of {int(n_runs[s])} runs (first: {first_error(runs.error)})"
             for s, runs in frame[frame.status != "ok"].groupby("strategy")}
 
 
-def _quality_misses(strategy: str, medians: _Medians, best: dict, tolerance: float) -> tuple[float, list[str]]:
-    """The worst shortfall of ``strategy``'s medians from the best, and per dataset the measures not within it."""
-    worst, misses = 0.0, []
-    have = medians.datasets_of(strategy)
-    for ds in medians.datasets:
+def _quality_misses(strategy: str, runs: _Runs, best: dict, tolerance: float) -> tuple[float, list[str], list[dict]]:
+    """The worst shortfall of ``strategy`` from the best beyond noise, the misses per dataset as text, and as data.
+
+    On each dataset and measure the candidate's most favourable value within noise is
+    ``best + high`` (``high``: the upper bound of the paired difference); it must be within
+    the tolerance of the best.
+    """
+    worst, text, data = 0.0, [], []
+    have = runs.datasets_of(strategy)
+    for ds in runs.datasets:
         if ds not in have:
             continue
         short = []
         for q in QUALITY:
             if q not in best.get(ds, {}):
                 continue
-            v, (b, _) = medians.value(strategy, ds, q), best[ds][q]
-            worst = max(worst, shortfall(v, b))
-            if not within(v, b, tolerance):
+            b, who = best[ds][q]
+            v = runs.value(strategy, ds, q)
+            pair = runs.paired(strategy, who, ds, q)
+            optimistic = b + pair.high if pair.n else math.nan
+            worst = max(worst, shortfall(optimistic, b))
+            if not within(optimistic, b, tolerance):
                 pct = f"{-100 * shortfall(v, b):+.1f}%" if b != 0 else "below a best of 0"
-                short.append(f"{QUALITY_NAMES[q]} {v:.3g} vs {b:.3g} ({pct})")
+                short.append(f"{QUALITY_NAMES[q]} {v:.3g} vs {b:.3g} ({pct}; {pair.describe()})")
+                data.append({"dataset": ds, "measure": q, "value": _num(v), "best": _num(b), "best_strategy": who,
+                             "difference": _num(pair.mean), "interval": [_num(pair.low), _num(pair.high)],
+                             "seeds": pair.n})
         if short:
-            misses.append(f"{ds}: {', '.join(short)}")
-    return worst, misses
+            text.append(f"{ds}: {', '.join(short)}")
+    return worst, text, data
 
 
-def _strategy_row(strategy: str, medians: _Medians, best: dict, eligible: bool, failure: str | None,
+def _strategy_row(strategy: str, runs: _Runs, best: dict, eligible: bool, failure: str | None,
                   tolerance: float, names: dict[str, str]) -> dict:
     """One line of the recommendation's table: times, eligibility, quality and the reasons it may lose."""
-    worst, misses = _quality_misses(strategy, medians, best, tolerance)
-    missing = [ds for ds in medians.datasets if ds not in medians.datasets_of(strategy)]
+    worst, misses, data = _quality_misses(strategy, runs, best, tolerance)
+    missing = [ds for ds in runs.datasets if ds not in runs.datasets_of(strategy)]
     reasons = [failure] if failure else []
     if missing:
         reasons.append(f"no run on {', '.join(missing)}")
     if misses:
-        reasons.append(f"more than {100 * tolerance:g}% short of the best on " + "; ".join(misses))
+        reasons.append(f"more than {100 * tolerance:g}% short of the best beyond noise on " + "; ".join(misses))
     return dict(strategy=strategy, preset=names.get(strategy, ""),
-                time_ms=1e3 * medians.over_datasets(strategy, "t_total"),
-                x_floor=medians.over_datasets(strategy, "x_floor"), eligible=eligible,
-                qualifies=eligible and not misses, worst_shortfall=worst, reason="; ".join(reasons))
+                time_ms=1e3 * runs.over_datasets(strategy, "t_total"),
+                x_floor=runs.over_datasets(strategy, "x_floor"), eligible=eligible,
+                qualifies=eligible and not misses, worst_shortfall=worst, misses=data, reason="; ".join(reasons))
 
 
 def _choose(table: pd.DataFrame, key: str) -> tuple[str | None, bool]:
@@ -412,26 +569,30 @@ def _explain_choice(table: pd.DataFrame, chosen: str, fallback: bool, key: str) 
                                      f"({r[key] / k_chosen:.2f}×)")
 
 
-def _evidence(chosen: str, fallback: bool, medians: _Medians, best: dict, ref: pd.DataFrame, table: pd.DataFrame,
+def _evidence(chosen: str, fallback: bool, runs: _Runs, best: dict, ref: pd.DataFrame, table: pd.DataFrame,
               tolerance: float) -> dict:
-    """The choice's medians against the best, per dataset, and its medians over datasets."""
+    """The choice's medians against the best, with the paired interval, per dataset; its medians over datasets."""
     evidence = {}
-    for ds in medians.datasets:
-        e = {"time_ms": _num(1e3 * medians.value(chosen, ds, "t_total")),
-             "x_floor": _num(medians.value(chosen, ds, "x_floor")),
+    for ds in runs.datasets:
+        e = {"time_ms": _num(1e3 * runs.value(chosen, ds, "t_total")),
+             "x_floor": _num(runs.value(chosen, ds, "x_floor")),
              "seeds": int(((ref.strategy == chosen) & (ref.dataset == ds)).sum())}
         for qn in QUALITY:
             if qn in best.get(ds, {}):
                 b, who = best[ds][qn]
-                v = medians.value(chosen, ds, qn)
+                v = runs.value(chosen, ds, qn)
+                pair = runs.paired(chosen, who, ds, qn)
                 e[qn] = _num(v)
                 e[f"best_{qn}"] = _num(b)
                 e[f"best_{qn}_strategy"] = who
-                e[f"{qn}_within"] = within(v, b, tolerance)
+                e[f"{qn}_difference"] = [_num(pair.mean), _num(pair.low), _num(pair.high), pair.n]
+                e[f"{qn}_within"] = within(b + pair.high if pair.n else math.nan, b, tolerance)
         evidence[ds] = e
     row = table.loc[table.strategy == chosen]
     evidence["median_time_ms"] = _num(float(row.time_ms.iloc[0]))
     evidence["median_x_floor"] = _num(float(row.x_floor.iloc[0]))
+    for qn in QUALITY:
+        evidence[f"median_{qn}"] = _num(runs.over_datasets(chosen, qn))
     if fallback:
         evidence["qualifies_from_tolerance"] = _num(float(row.worst_shortfall.iloc[0]))
     return evidence
@@ -441,7 +602,8 @@ def _evidence(chosen: str, fallback: bool, medians: _Medians, best: dict, ref: p
 def format_text(rec: Recommendation) -> str:
     """The rule, the choice, its evidence and the runners-up, as printed by ``growbench recommend``."""
     names = preset_names()
-    lines = ["rule: " + rec.rule, "", "reference configurations:"]
+    regime = Regime.parse(rec.regime).describe() if rec.regime else "all runs"
+    lines = [f"=== regime: {regime} ===", "rule: " + rec.rule, "", "reference configurations:"]
     lines += [f"  {ds:15s} {desc}" for ds, desc in rec.cells.items()]
     if rec.excluded_baselines:
         lines.append(f"not eligible (baselines / not growth specs): {', '.join(rec.excluded_baselines)}")
@@ -454,21 +616,12 @@ def format_text(rec: Recommendation) -> str:
         lines.append(f"  median over datasets of per-dataset median t_total: {rec.evidence['median_time_ms']:.3g} ms; "
                      f"of t_total/t_floor: {rec.evidence['median_x_floor']:.3g}×")
         if rec.fallback:
-            lines.append(f"  no eligible strategy is within {100 * rec.tolerance:g}% everywhere; this one qualifies "
-                         "first as the tolerance is raised (from "
-                         f"{100 * rec.evidence['qualifies_from_tolerance']:.1f}%)")
+            lines.append(f"  no eligible strategy is within {100 * rec.tolerance:g}% everywhere beyond noise; this one "
+                         "qualifies first as the tolerance is raised (from "
+                         f"{100 * rec.evidence['qualifies_from_tolerance']:.1f}%), forced by: "
+                         + "; ".join(f"{f['dataset']} {QUALITY_NAMES[f['measure']]}" for f in rec.forced_by))
         lines.append("evidence (medians over seeds; best = best eligible strategy on that dataset):")
-        ev = pd.DataFrame({ds: {
-            "time_ms": f"{e['time_ms']:.3g}",
-            "x_floor": f"{e['x_floor']:.3g}",
-            "optimality": f"{e.get('optimality', math.nan):.4f}",
-            "best_opt": f"{e.get('best_optimality', math.nan):.4f} ({label(e.get('best_optimality_strategy', ''))})",
-            "heldout_dec": f"{e.get('heldout_decrease', math.nan):.4g}",
-            "best_heldout": f"{e.get('best_heldout_decrease', math.nan):.4g} "
-                            f"({label(e.get('best_heldout_decrease_strategy', ''))})",
-            "within": "yes" if e.get("optimality_within") and e.get("heldout_decrease_within") else "NO",
-        } for ds, e in rec.evidence.items() if isinstance(e, dict)}).T
-        lines += ["  " + ln for ln in ev.to_string().splitlines()]
+        lines += ["  " + ln for ln in evidence_frame(rec).to_string().splitlines()]
     lines += ["", "runners-up (by median time; ms and multiple of the floor):"]
     if rec.spec is not None:
         lines.append("  " + rank_note(rec))
@@ -477,6 +630,50 @@ def format_text(rec: Recommendation) -> str:
         t = f"{r.time_ms:8.3g} ms {r.x_floor:6.3g}×fl" if math.isfinite(r.time_ms) else "       – ms"
         lines.append(f"  {r.rank:2d}. {t}  {r.strategy}{tag}: {r.reason}")
     return "\n".join(lines)
+
+
+def evidence_frame(rec: Recommendation) -> pd.DataFrame:
+    """One row per dataset: the choice's time and each measure against the best (``value / best``), as text."""
+    rows = {}
+    for ds, e in rec.evidence.items():
+        if not isinstance(e, dict):
+            continue
+        row = {"time_ms": f"{e['time_ms']:.3g}", "x_floor": f"{e['x_floor']:.3g}"}
+        for q in QUALITY:
+            if q in e:
+                row[q] = f"{e[q]:.4g} / {e[f'best_{q}']:.4g}" + ("" if e[f"{q}_within"] else " (NO)")
+        rows[ds] = row
+    return pd.DataFrame(rows).T
+
+
+def what_to_use(recs: dict[str, Recommendation]) -> pd.DataFrame:
+    """One row per regime: its choice, time, quality medians over datasets, and the runner-up with its reason."""
+    rows = []
+    for key, rec in recs.items():
+        ev, up = rec.evidence, rec.runner_up
+        rows.append({
+            "regime": Regime.parse(key).describe(), "spec": rec.spec or "none", "fallback": rec.fallback,
+            "time_ms": ev.get("median_time_ms"), "x_floor": ev.get("median_x_floor"),
+            **{q: ev.get(f"median_{q}") for q in QUALITY},
+            "datasets": len(rec.datasets),
+            "seeds": min((e["seeds"] for e in ev.values() if isinstance(e, dict)), default=0),
+            "runner_up": None if up is None else up.strategy,
+            "runner_up_reason": None if up is None else up.reason,
+        })
+    return pd.DataFrame(rows)
+
+
+def format_regimes(recs: dict[str, Recommendation]) -> str:
+    """Every regime's :func:`format_text`, after a what-to-use summary."""
+    table = what_to_use(recs)
+    summary = ["what to use (per regime; medians over datasets):"]
+    for r in table.itertuples():
+        quality = ", ".join(f"{QUALITY_NAMES[q]} {getattr(r, q):.3g}" for q in QUALITY
+                            if getattr(r, q) is not None and math.isfinite(getattr(r, q)))
+        summary.append(f"  {r.regime:24s} {r.spec}{'  [FALLBACK]' if r.fallback else ''}  "
+                       f"({r.time_ms:.3g} ms, {r.x_floor:.3g}× floor; {quality})" if r.time_ms is not None else
+                       f"  {r.regime:24s} none")
+    return "\n\n".join(["\n".join(summary), *(format_text(rec) for rec in recs.values())])
 
 
 def rank_note(rec: Recommendation) -> str:
@@ -503,24 +700,41 @@ def default_file() -> Path:
     return Path(strategies.__file__).resolve().parent / "default.json"
 
 
-def write_default(rec: Recommendation, db: str | Path, path: str | Path | None = None) -> Path:
-    """Write the recommendation to ``strategies/default.json`` (or ``path``); ``strategies.make("default")``
-    reads its ``spec`` key.
+def write_default(recs: Recommendation | dict[str, Recommendation], db: str | Path,
+                  path: str | Path | None = None) -> Path:
+    """Write one choice per regime to ``strategies/default.json`` (or ``path``), which
+    ``strategies.make("default")`` reads.
+
+    Parameters
+    ----------
+    recs : Recommendation or dict
+        ``{regime key: Recommendation}`` (a single recommendation counts for its own regime).
+    db : str or Path
+        The database the evidence comes from (recorded).
+    path : str or Path, optional
+        Where to write; default the package's ``default.json``.
 
     Raises
     ------
     ValueError
-        When there is no choice, or it is ``default`` itself or a baseline
+        When a regime has no choice, or it is ``default`` itself or a baseline
         (:func:`~strategies.spec.check_default_choice`); nothing is written.
     """
-    if rec.spec is None:
-        raise ValueError("no strategy to write: no growth strategy is eligible")
+    if isinstance(recs, Recommendation):
+        recs = {recs.regime or REFERENCE_REGIME.key: recs}
     path = Path(path) if path else default_file()
-    try:
-        # The same check as on load: a recursive ("default") or baseline choice would only be
-        # replaced by the built-in default, with a warning, every time the file is read.
-        check_default_choice(rec.spec)
-    except ValueError as e:
-        raise ValueError(f"not written to {path}: {e}") from None
-    path.write_text(json.dumps(rec.as_json(str(Path(db).resolve())), indent=2) + "\n")
+    for key, rec in recs.items():
+        if rec.spec is None:
+            raise ValueError(f"not written to {path}: no growth strategy is eligible in {key}")
+        try:
+            # The same check as on load: a recursive ("default") or baseline choice would only be
+            # replaced by the built-in default, with a warning, every time the file is read.
+            check_default_choice(rec.spec)
+        except ValueError as e:
+            raise ValueError(f"not written to {path}: {e}") from None
+    db_text = str(Path(db).resolve())
+    data = {"rule": next(iter(recs.values())).rule,
+            "regimes": {key: rec.as_json(db_text) for key, rec in recs.items()},
+            "db": db_text, "generated": datetime.now(UTC).isoformat(timespec="seconds")}
+    path.write_text(json.dumps(data, indent=2) + "\n")
     return path

@@ -15,7 +15,7 @@ import torch
 
 import strategies
 from harness.measure import RunConfig, measure
-from harness.runner.sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET
+from harness.runner.sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET, run_spec
 from strategies.timing import synchronize
 
 CANDIDATES = ["formula1", "formula2", "formula3", "formula4", "joint", "default",
@@ -47,7 +47,7 @@ def growth_rows(d_e: int, repeats: int, device: str, cache_dir: str | None,
     """Candidates on the reference problem (teacher, b=256, d_s=128, d_k=8, p=8) at width ``d_e``."""
     rows = []
     for name in candidates:
-        cfg = RunConfig(strategy=strategies.canonical(name), dataset="teacher", d_s=128, d_e=d_e, b=256, d_k=8,
+        cfg = RunConfig(strategy=run_spec(name, device, d_e), dataset="teacher", d_s=128, d_e=d_e, b=256, d_k=8,
                         p=8, n_batches=1, repeats=repeats, warmup_steps=200, device=device)
         m = measure(cfg, cache_dir)
         rows.append({"name": name, "spec": cfg.strategy, "d_e": d_e, "t_total": m["t_total"],
@@ -113,7 +113,7 @@ def scale_rows(device: str, repeats: int, cache_dir: str | None, widths: list[in
     for d_e in widths:
         b, d_s, d_k, p = SCALE_SET[d_e]
         for name in candidates:
-            cfg = RunConfig(strategy=strategies.canonical(name), dataset="teacher", d_s=d_s, d_e=d_e, b=b, d_k=d_k,
+            cfg = RunConfig(strategy=run_spec(name, device, d_e), dataset="teacher", d_s=d_s, d_e=d_e, b=b, d_k=d_k,
                             p=p, n_batches=1, repeats=repeats, warmup_steps=20, device=device)
             m = measure(cfg, cache_dir)
             rows.append({"d_e": d_e, "name": name, "spec": cfg.strategy, "t_total_ms": 1e3 * m["t_total"],

@@ -16,7 +16,18 @@ run's wall time and FLOPs. FLOPs are counted by :class:`torch.utils.flop_counter
 (matrix products and convolutions; an SVD or an eigendecomposition of ``d_e × d_e`` is
 not counted, a negligible share at these sizes): one training step per architecture
 (steps of the same architecture cost the same) and every growth in full. Held-out
-evaluation is excluded from both.
+evaluation and the making of batches (a teacher's or the original model's forward that
+computes the targets) are excluded from both, in FLOPs and in wall time.
+
+The real model (``minilm-recovery`` or ``minilm-similarity`` with option ``narrow=layer`` or
+``narrow=all``) runs through the same loop: its block is a
+:class:`~models.pretrained_heads.PretrainedHeads` whose heads (every head of the chosen
+layers, narrowed to the best rank-``d_k0`` factors of their pretrained ``Z``) are the heads
+grown; only their query/key factors are trained, by distillation to the original model's
+output (``minilm-recovery``) or fine-tuning on its contrastive objective
+(``minilm-similarity``). Heads of different layers see different inputs: a growth keeps
+each head's own (:func:`capture_heads`) and grows the deepest layer first
+(``block.growth_order``).
 """
 
 from __future__ import annotations
@@ -31,8 +42,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import strategies
-from datasets import make_dataset
-from harness.capture import BatchCapture, capture, statistics_over
+from datasets import DATASETS, make_dataset, parse_dataset
+from harness.capture import BatchCapture, Capture, statistics_over
 from harness.env import KeyedConfig, require_device
 from harness.optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
 from strategies import metrics
@@ -65,6 +76,8 @@ class TrainConfig(KeyedConfig):
     steps : int
         Optimiser steps.
     n_heads : int
+        Heads of the synthetic block; 1 on the real model, whose growable heads are chosen
+        by the dataset's option ``narrow``.
     head_split : {"each", "budget"}
         ``each``: every head grows by ``p`` from its own statistics; ``budget``: ``p``
         columns in total, each given to the head whose next singular value of its whitened
@@ -140,6 +153,12 @@ def config_fields() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
 
 
+def tokens_per_step(dataset: str, b: int, d_s: int) -> int:
+    """Sequence positions one optimiser step trains on: ``b · d_s``, twice that for text pairs."""
+    cls = DATASETS.get(parse_dataset(dataset)[0])
+    return b * d_s * (2 if getattr(cls, "pair_inputs", False) else 1)
+
+
 # ------------------------------------------------------------------------------ growth
 #: Train batches a growth captures are drawn from here on, far from the optimiser's (index = step).
 GROWTH_INDEX_OFFSET = 10_000_000
@@ -149,6 +168,47 @@ def growth_batches(step: int, n: int) -> range:
     """Indices of the ``n`` train batches a growth before ``step`` captures: distinct for every step."""
     start = GROWTH_INDEX_OFFSET + step * n
     return range(start, start + n)
+
+
+def capture_heads(model, batches: list[tuple[torch.Tensor, torch.Tensor]], device: str) -> Capture:
+    """Forward/backward ``batches`` through ``model`` with capture, keeping each head's own input.
+
+    As :func:`harness.capture.capture`, on batches drawn beforehand (so that making them,
+    e.g. the original model's forward for distillation targets, is not counted in a
+    growth's FLOPs and wall time). Where the heads sit in different layers
+    (``block.inputs_per_head``), ``BatchCapture.X`` is a tuple of each head's input
+    ``(b, d_s, d_in)``; :func:`head_captures` gives one head's view.
+
+    Returns
+    -------
+    harness.capture.Capture
+        Per batch ``(X, G per head, mask)``, and the rest of the model on the last batch.
+    """
+    block = model.block
+    out, targets = [], None
+    for inputs, targets in batches:
+        inputs, targets = inputs.to(device), targets.to(device)
+        model.zero_grad(set_to_none=True)
+        with block.capture():
+            model.loss(inputs, targets).backward()
+        seen = [block.captured(h) for h in range(block.n_heads)]
+        X = tuple(c.Xa for c in seen) if getattr(block, "inputs_per_head", False) else seen[0].Xa
+        out.append(BatchCapture(X, tuple(c.G for c in seen), seen[0].mask))
+    model.zero_grad(set_to_none=True)
+    if targets is None:
+        raise ValueError("capture needs at least one batch")
+    return Capture(out, model.rest(targets))
+
+
+def head_captures(caps: list[BatchCapture], head: int) -> list[BatchCapture]:
+    """``caps`` as ``head`` saw them: its own input where each head has one (see :func:`capture_heads`)."""
+    return [c._replace(X=c.X[head]) if isinstance(c.X, tuple) else c for c in caps]
+
+
+def is_baseline(strategy) -> bool:
+    """Whether ``strategy`` is a baseline (random columns, nothing to align); the ``default`` preset and
+    every functional-gradient spec are not, whatever class builds them."""
+    return strategies.canonical(strategy.spec) in strategies.baseline_names()
 
 
 def split_budget(strategy, stats: dict[int, object], room: dict[int, int], p: int) -> dict[int, int]:
@@ -189,15 +249,16 @@ def grow_heads(model, strategy, opt, caps: list[BatchCapture], rest, p_per_head:
     for h, p in p_per_head.items():
         if p <= 0:
             continue
-        st = (stats or {}).get(h) or statistics_over(strategy, caps, h)
-        Xa, Gs, mask = caps[-1]
+        mine = head_captures(caps, h)
+        st = (stats or {}).get(h) or statistics_over(strategy, mine, h)
+        Xa, Gs, mask = mine[-1]
         W_Q, W_K = block.factors(h)
         scale, new_scale = block.scale(h), block.new_scale(h, p)
         r = strategy.grow(W_Q, W_K, Xa, Gs[h], p=p, loss_of_scores=block.loss_of_scores(rest, h), scale=scale,
                           new_scale=new_scale, mask=mask, stats=st)
         alpha = math.sqrt(scale / new_scale)
         W_Q2, W_K2 = r.W_Q, r.W_K
-        if isinstance(strategy, strategies.GrowthStrategy) and policy == "pad":
+        if not is_baseline(strategy) and policy == "pad":
             W_Q2, W_K2 = align_to_old(W_Q2, W_K2, W_Q, W_K, alpha)
         head = block.heads[h]
         old_Q, old_K = head.W_Q, head.W_K
@@ -219,7 +280,7 @@ def factor_gradients(model, caps: list[BatchCapture], head: int):
     block = model.block
     W_Q, W_K = block.factors(head)
     c = block.scale(head)
-    M = statistics_over(None, caps[-1:], head).sum_M
+    M = statistics_over(None, head_captures(caps[-1:], head), head).sum_M
     return c * M @ W_K, c * M.mT @ W_Q
 
 
@@ -230,7 +291,7 @@ def starved(model, caps: list[BatchCapture], head: int) -> float:
     makes to first order (:func:`factor_gradients`). Low optimality means the reachable
     functional gradient is mostly out of the factors' reach: the layer is starved.
     """
-    Xa, Gs, mask = caps[-1]
+    Xa, Gs, mask = head_captures(caps[-1:], head)[0]
     W_Q, W_K = model.block.factors(head)
     c = model.block.scale(head)
     g_Q, g_K = factor_gradients(model, caps, head)
@@ -313,9 +374,11 @@ def _timed(device: str, work: Callable[..., T], *args) -> tuple[T, float]:
 
 
 def _counted_growth(model, ds, strategy, opt, cfg: TrainConfig, step: int, run: _Ledger) -> None:
-    """Grow before ``step``, its wall time and every FLOP counted in ``run``."""
+    """Grow before ``step``, its wall time and every FLOP counted in ``run`` (not the making of its batches,
+    as for a training step)."""
+    batches = [ds.batch(cfg.b, "train", i) for i in growth_batches(step, cfg.stats_batches)]
     with FlopCounterMode(display=False) as fc:
-        events, dt = _timed(cfg.device, _growth_event, model, ds, strategy, opt, cfg, step, run.checks)
+        events, dt = _timed(cfg.device, _growth_event, model, batches, strategy, opt, cfg, step, run.checks)
     run.growth_wall += dt
     run.wall += dt
     run.growth_flops += float(fc.get_total_flops())
@@ -374,21 +437,26 @@ def train_run(cfg: TrainConfig, progress=None) -> dict:
     return run.summary(model)
 
 
-def _growth_event(model, ds, strategy, opt, cfg: TrainConfig, step: int, checks: list) -> list[dict]:
-    """Capture, decide (bottleneck trigger), allocate the budget and grow; return the growth records."""
-    caps, rest = capture(model, ds, cfg.b, growth_batches(step, cfg.stats_batches), cfg.device)
+def _growth_event(model, batches: list, strategy, opt, cfg: TrainConfig, step: int, checks: list) -> list[dict]:
+    """Capture ``batches``, decide (bottleneck trigger), allocate the budget and grow; return the growth records.
+
+    Heads are taken in ``block.growth_order()`` where the block has one (the real model's:
+    deepest layer first), else by index.
+    """
+    caps, rest = capture_heads(model, batches, cfg.device)
     block = model.block
-    room = {h: cfg.d_k_max - block.d_k(h) for h in range(cfg.n_heads)}
+    order = block.growth_order() if hasattr(block, "growth_order") else range(block.n_heads)
+    room = {h: cfg.d_k_max - block.d_k(h) for h in order}
     if cfg.trigger == "bottleneck":
-        opt_h = {h: starved(model, caps, h) for h in range(cfg.n_heads) if room[h] > 0}
+        opt_h = {h: starved(model, caps, h) for h in order if room[h] > 0}
         checks.append({"step": step, "optimality": opt_h})
         room = {h: (r if opt_h.get(h, 1.0) < cfg.threshold else 0) for h, r in room.items()}
-    if not isinstance(strategy, strategies.GrowthStrategy):
+    if is_baseline(strategy):
         # Baselines draw random columns: a fresh, seeded draw per growth.
         strategy = strategies.make(cfg.method, baseline={"seed": cfg.seed * 100_003 + step})
     stats = None
     if cfg.head_split == "budget":
-        stats = {h: statistics_over(strategy, caps, h) for h in range(cfg.n_heads) if room[h] > 0}
+        stats = {h: statistics_over(strategy, head_captures(caps, h), h) for h in order if room[h] > 0}
         p_per_head = split_budget(strategy, stats, room, cfg.p)
     else:
         p_per_head = {h: min(cfg.p, r) for h, r in room.items()}

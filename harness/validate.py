@@ -412,14 +412,49 @@ def check_train_configs(configs: Iterable, *, jobs: int = 1, max_memory: float |
         check_int("seed", c.seed, 0)
         check_device(c.device, present=False)
         check_dtype(c.dtype)
+        if is_pretrained(c.dataset):
+            _check_real_training(c)
     runnable = _runnable(configs, strict_devices)
     for c in runnable:
         need = estimate_bytes(b=c.b, d_s=c.d_s, d_in=input_width(c.dataset, c.d_e), n_batches=c.stats_batches,
-                              n_heads=c.n_heads, warmup=False, dtype=c.dtype)
+                              n_heads=_grown_heads(c), warmup=False, dtype=c.dtype)
         check_memory(need, c.device, f"{c.dataset} at b={c.b}, d_s={c.d_s}, d_e={c.d_e}, {c.n_heads} head(s)",
                      jobs=jobs, max_memory=max_memory)
     for spec, d_e, d_s, d_k in dict.fromkeys((c.dataset, c.d_e, c.d_s, c.d_k_max) for c in runnable):
         check_dataset(spec, d_e, d_s, d_k, 0)
+
+
+def _check_real_training(c) -> None:
+    """A training run on the real model: its options (layer, head, source, narrow), one head count, no scale policy.
+
+    Raises
+    ------
+    ConfigError
+    """
+    from datasets import parse_dataset
+    from datasets.minilm import NARROW, check_options
+
+    name, options = parse_dataset(c.dataset)
+    try:
+        check_options(name, options)
+    except ValueError as e:
+        raise ConfigError("dataset", str(e)) from None
+    if c.n_heads != 1:
+        raise ConfigError("n_heads", f"{name}: the dataset's option narrow ({', '.join(NARROW)}) chooses the "
+                                     f"heads grown; n_heads must be 1, got {c.n_heads}")
+    if c.scale_policy != "rescale":
+        raise ConfigError("scale_policy", f"{name}: the real model keeps its pretrained score scale; "
+                                          f"scale_policy must be rescale (the default), got {c.scale_policy!r}")
+
+
+def _grown_heads(c) -> int:
+    """Heads a training run grows: ``n_heads``, or on the real model the heads its option ``narrow`` picks."""
+    if not is_pretrained(c.dataset):
+        return c.n_heads
+    from datasets import parse_dataset
+    from datasets.minilm import site_count
+
+    return site_count(parse_dataset(c.dataset)[1])
 
 
 # ------------------------------------------------------------------ growbench example

@@ -79,7 +79,21 @@ def best_rank_factors(W_Q: Tensor, W_K: Tensor, rank: int) -> tuple[Tensor, Tens
     return A.to(W_Q.dtype), B.to(W_K.dtype)
 
 
-class PretrainedHead(CaptureSwitch, nn.Module):
+class KeptScale:
+    """What every pretrained growable head shares: the pretrained scale is kept, and no mask."""
+
+    def new_scale(self, head: int, p: int) -> float:
+        """Scale after growing by ``p``: unchanged, so a growth with zero new columns preserves the function."""
+        if p < 0:
+            raise ValueError(f"p must be >= 0, got {p}")
+        return self.scale(head)
+
+    def mask(self, d_s: int, device: torch.device | None = None) -> None:
+        """No mask: the encoder is bidirectional and inputs are unpadded."""
+        return None
+
+
+class PretrainedHead(KeptScale, CaptureSwitch, nn.Module):
     """Head ``head`` of layer ``layer`` of ``encoder``, with query/key factors of any width.
 
     Parameters
@@ -172,6 +186,12 @@ class PretrainedHead(CaptureSwitch, nn.Module):
             S.register_hook(hook)
 
     # ------------------------------------------------ GrowableAttention's interface
+    @property
+    def heads(self) -> tuple[PretrainedHead]:
+        """The one growable head as ``heads[0]``, whose ``W_Q`` and ``W_K`` are the parameters a
+        growth replaces (what training's optimiser surgery reads, as on a multi-head block)."""
+        return (self,)
+
     def _check_head(self, head: int) -> None:
         if head != 0:
             raise ValueError(f"a pretrained site has one growable head (0), got {head}")
@@ -185,16 +205,6 @@ class PretrainedHead(CaptureSwitch, nn.Module):
         """Score scale ``c``: the pretrained ``d_head^-1/2``, kept when the head grows."""
         self._check_head(head)
         return self._c
-
-    def new_scale(self, head: int, p: int) -> float:
-        """Scale after growing by ``p``: unchanged, so a growth with zero new columns preserves the function."""
-        if p < 0:
-            raise ValueError(f"p must be >= 0, got {p}")
-        return self.scale(head)
-
-    def mask(self, d_s: int, device: torch.device | None = None) -> None:
-        """No mask: the encoder is bidirectional and inputs are unpadded."""
-        return None
 
     def captured(self, head: int = 0) -> Captured:
         """The last captured pass; needs a backward after the forward."""

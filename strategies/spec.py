@@ -8,9 +8,13 @@ A spec names one registered component per axis::
 or a baseline (``random``, ``zero``, ``gradmax``), or a preset name. :class:`Spec` is the
 one place a spec string is split or assembled.
 
-The ``default`` preset is read from ``strategies/default.json`` and validated on every
-read (:func:`check_default_choice`): a JSON object whose string ``spec`` names a growth
-strategy, never ``default`` itself nor a baseline. A missing or damaged file warns once
+The ``default`` preset is chosen per regime (device kind × band of widths,
+:mod:`strategies.regimes`) and read from ``strategies/default.json``, validated on every
+read (:func:`check_default_choice`): a JSON object whose ``regimes`` map regime keys
+(``"cpu/small"``, ``"cuda/medium"``, ...) to objects whose string ``spec`` names a growth
+strategy, never ``default`` itself nor a baseline (a file of one top-level ``spec`` applies
+it to every regime). A regime missing from the file borrows its nearest neighbour's choice
+and says so (:class:`DefaultChoice`). A missing or damaged file warns once
 (:class:`DefaultFileWarning`, naming the file and the problem) and falls back to
 :data:`BUILTIN_DEFAULT`, so that every other strategy keeps working.
 """
@@ -24,6 +28,7 @@ import warnings
 from dataclasses import dataclass
 from importlib import resources
 
+from .regimes import Regime, all_regimes, device_kind, nearest
 from .registry import REGISTRY
 
 PRESETS = {
@@ -38,8 +43,12 @@ PRESETS = {
 }
 
 DEFAULT_FILE = "default.json"
-# Used when default.json is missing or invalid: the committed choice of the quick sweep.
-BUILTIN_DEFAULT = "gram/solve/full+metric/normal:newton"
+# Used in every regime when default.json is missing or invalid: the choice at 128 < d_e ≤ 1024 of the
+# quick sweep, which reaches its own path's best at every width measured (a bracketing search).
+BUILTIN_DEFAULT = "gram/solve/rsvd+metric/normal:bracket"
+
+#: The regime ``default`` means when no width is given: the ``quick`` sweep's (cpu, d_e ≤ 128).
+REFERENCE_REGIME = Regime("cpu", "small")
 
 # (file, problem) pairs already warned about: default_spec() runs on every parse("default"),
 # presets() and list, and one damaged file should produce one warning, not dozens.
@@ -210,8 +219,12 @@ def check_default_choice(spec: object) -> str:
     return str(parsed)
 
 
-def _read_default(path: object) -> str:
-    """The validated spec in the file at ``path`` (a Traversable); ``ValueError`` naming the problem."""
+def _read_default(path: object) -> dict[Regime, str] | str:
+    """The validated choices of the file at ``path`` (a Traversable); ``ValueError`` naming the problem.
+
+    Returns ``{regime: canonical spec}`` for a file with ``"regimes"``, or one canonical spec
+    for a file of one ``"spec"`` (every regime then uses it).
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -223,24 +236,54 @@ def _read_default(path: object) -> str:
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON ({e})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object with a \"spec\" key, got a JSON {type(data).__name__}")
-    if "spec" not in data:
-        raise ValueError('no "spec" key')
-    return check_default_choice(data["spec"])
+        raise ValueError(f'expected a JSON object with a "regimes" or "spec" key, got a JSON {type(data).__name__}')
+    if "regimes" not in data:
+        if "spec" not in data:
+            raise ValueError('no "regimes" and no "spec" key')
+        return check_default_choice(data["spec"])
+    regimes = data["regimes"]
+    if not isinstance(regimes, dict) or not regimes:
+        raise ValueError('"regimes" must be a non-empty JSON object of regime -> {"spec": ...}')
+    out = {}
+    for key, entry in regimes.items():
+        regime = Regime.parse(key)
+        if not isinstance(entry, dict) or "spec" not in entry:
+            raise ValueError(f'regime {key!r}: expected a JSON object with a "spec" key')
+        try:
+            out[regime] = check_default_choice(entry["spec"])
+        except ValueError as e:
+            raise ValueError(f"regime {key!r}: {e}") from None
+    return out
 
 
-def default_spec() -> str:
-    """The spec of the ``default`` preset, read from ``strategies/default.json``.
+@dataclass(frozen=True)
+class DefaultChoice:
+    """The ``default`` preset's spec in one regime, and where that choice comes from.
 
-    Returns
-    -------
-    str
-        The file's canonical ``spec``; :data:`BUILTIN_DEFAULT` when the file is missing
-        or invalid, with one :class:`DefaultFileWarning` per file and problem.
+    Attributes
+    ----------
+    spec : str
+        Canonical growth spec.
+    regime : Regime
+        The regime asked for.
+    source : Regime or None
+        The regime whose evidence chose ``spec``: ``regime`` itself, its nearest neighbour
+        with evidence, or None (``default.json`` names one spec for all, or the built-in default).
+    note : str
+        Empty when the regime has its own choice; otherwise one sentence saying why not.
     """
+
+    spec: str
+    regime: Regime
+    source: Regime | None
+    note: str = ""
+
+
+def _choices() -> tuple[dict[Regime, str] | str, str]:
+    """The file's choices (or one spec), and a note when the built-in default replaces a damaged file."""
     path = resources.files(__package__).joinpath(DEFAULT_FILE)
     try:
-        return _read_default(path)
+        return _read_default(path), ""
     except ValueError as e:
         problem = str(e).replace("\n", " ")
         if (str(path), problem) not in _WARNED:
@@ -249,7 +292,58 @@ def default_spec() -> str:
             # line that starts with the file's path, and no source line of this module.
             warnings.warn_explicit(f"{path}: {problem}; using the built-in default {BUILTIN_DEFAULT}",
                                    DefaultFileWarning, str(path), 0)
-        return BUILTIN_DEFAULT
+        return BUILTIN_DEFAULT, f"{path} is unusable ({problem}): the built-in default {BUILTIN_DEFAULT} is used"
+
+
+def default_choice(device: object = "cpu", d_e: int | None = None) -> DefaultChoice:
+    """The ``default`` preset's choice for a growth on ``device`` at width ``d_e``.
+
+    Parameters
+    ----------
+    device : str or torch.device
+        Where the growth runs (any accelerator counts as ``cuda``).
+    d_e : int, optional
+        The width, bias column included; None for :data:`REFERENCE_REGIME`'s band.
+
+    Returns
+    -------
+    DefaultChoice
+        A regime with no choice of its own borrows its nearest neighbour's and says so in ``note``.
+    """
+    regime = Regime(device_kind(device), REFERENCE_REGIME.band) if d_e is None else Regime.of(device, d_e)
+    choices, problem = _choices()
+    if isinstance(choices, str):
+        return DefaultChoice(choices, regime, None, problem or f"{DEFAULT_FILE} names one spec for every regime")
+    source = nearest(regime, choices)
+    note = "" if source == regime else (
+        f"no evidence for {regime.describe()} in {DEFAULT_FILE}: using the choice of its nearest regime, "
+        f"{source.describe()}")
+    return DefaultChoice(choices[source], regime, source, note)
+
+
+def default_spec(device: object = "cpu", d_e: int | None = None) -> str:
+    """The spec of the ``default`` preset, read from ``strategies/default.json``, for one regime.
+
+    Parameters
+    ----------
+    device : str or torch.device
+        Where the growth runs; default ``cpu``.
+    d_e : int, optional
+        Its width; default the reference regime's band (cpu, d_e ≤ 128: the ``quick`` sweep's).
+
+    Returns
+    -------
+    str
+        The canonical spec (see :func:`default_choice` for where it comes from);
+        :data:`BUILTIN_DEFAULT` when the file is missing or invalid, with one
+        :class:`DefaultFileWarning` per file and problem.
+    """
+    return default_choice(device, d_e).spec
+
+
+def default_specs() -> dict[Regime, DefaultChoice]:
+    """The ``default`` preset's choice in every regime (see :func:`default_choice`)."""
+    return {r: default_choice(r.device, r.width) for r in all_regimes()}
 
 
 def presets() -> dict[str, str]:

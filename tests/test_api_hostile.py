@@ -246,7 +246,7 @@ def test_zero_G_keeps_its_reason():
 def test_overflowing_scores_are_reported_as_overflow():
     """A search problem whose X P Xᵀ overflows float32 says so, instead of "X P Xᵀ = 0"."""
     pr = float32_problem()
-    s = strategies.make("default")
+    s = strategies.make("default").resolve(pr["X"].device, D_E)  # the growth strategy the default runs here
     stats = s.new_statistics().update(pr["X"], pr["G"])
     X = pr["X"] * 1e24  # (1e24)² far beyond float32's 3.4e38
     ctx = strategies.StepContext(X=X, G=pr["G"], mask=None, loss=attention_loss(pr["V"], pr["T"]),

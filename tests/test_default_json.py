@@ -22,7 +22,7 @@ import strategies.spec as reg
 from harness import recommend as R
 from harness.cli import main as cli_main
 
-BUILTIN = "gram/solve/full+metric/normal:newton"
+BUILTIN = "gram/solve/rsvd+metric/normal:bracket"
 
 # name -> (file content, or None for no file; a word the warning must contain)
 DAMAGED = {
@@ -40,6 +40,14 @@ DAMAGED = {
     "null_spec": ('{"spec": null}', "string"),
     "unknown_spec": ('{"spec": "gram/nope/full/fast:grid"}', "unknown"),
     "binary": (b"\xff\xfe\x00garbage", "unreadable"),
+    "regimes_not_an_object": ('{"regimes": ["gram/solve/full/fast:grid"]}', '"regimes"'),
+    "regimes_empty": ('{"regimes": {}}', '"regimes"'),
+    "regime_unknown": ('{"regimes": {"tpu/small": {"spec": "formula2"}}}', "tpu/small"),
+    "regime_band_unknown": ('{"regimes": {"cpu/huge": {"spec": "formula2"}}}', "cpu/huge"),
+    "regime_without_spec": ('{"regimes": {"cpu/small": {"rule": "x"}}}', '"spec"'),
+    "regime_baseline": ('{"regimes": {"cpu/small": {"spec": "formula2"}, "cuda/large": {"spec": "zero"}}}',
+                        "cuda/large"),
+    "regime_recursive": ('{"regimes": {"cpu/medium": {"spec": "default"}}}', "recursive"),
 }
 
 
@@ -64,7 +72,10 @@ def test_builtin_default_is_a_growth_spec_and_the_committed_file_is_valid(recwar
     assert reg.BUILTIN_DEFAULT == BUILTIN
     assert BUILTIN in strategies.specs() and "baseline" not in strategies.parse(BUILTIN)
     committed = json.loads((Path(strategies.__file__).parent / "default.json").read_text())
-    assert strategies.default_spec() == strategies.canonical(committed["spec"])
+    for key, entry in committed["regimes"].items():
+        regime = reg.Regime.parse(key)
+        choice = reg.default_choice(regime.device, regime.width)
+        assert choice.spec == strategies.canonical(entry["spec"]) and choice.source == regime and not choice.note
     assert not [w for w in recwarn if issubclass(w.category, reg.DefaultFileWarning)]
 
 
@@ -77,7 +88,7 @@ def test_damaged_file_warns_once_and_falls_back(default_at, case):
         # Every way of reaching the default: one warning in all, not one per call.
         assert strategies.default_spec() == BUILTIN
         assert strategies.presets()["default"] == BUILTIN
-        assert strategies.make("default").spec == BUILTIN
+        assert strategies.make("default").resolve("cpu", 32).spec == BUILTIN
         assert strategies.canonical("DEFAULT") == BUILTIN
         assert strategies.make("formula2").spec == "gram/pinv/full/normal:grid"
     ours = [w for w in caught if issubclass(w.category, reg.DefaultFileWarning)]
@@ -105,7 +116,7 @@ def test_a_new_problem_warns_again(default_at):
 ])
 def test_valid_file_is_canonicalised_without_warning(default_at, recwarn, spec, expected):
     default_at(json.dumps({"spec": spec, "rule": "anything", "evidence": {}}))
-    assert strategies.default_spec() == expected and strategies.make("default").spec == expected
+    assert strategies.default_spec() == expected and strategies.make("default").resolve("cuda", 4096).spec == expected
     assert not [w for w in recwarn if issubclass(w.category, reg.DefaultFileWarning)]
 
 
@@ -151,10 +162,10 @@ def test_run_of_another_strategy_works_with_a_missing_file(default_at, tmp_path,
 def _fake_recommendation(monkeypatch, spec: str) -> None:
     """Make ``growbench recommend`` choose ``spec`` without a database (the CLI imports these at call time)."""
     rec = R.Recommendation(spec=spec, rule="test rule", fallback=False, tolerance=0.02, datasets=["teacher"],
-                           cells={"teacher": "d_e=8"}, table=pd.DataFrame({"strategy": [spec]}))
+                           cells={"teacher": "d_e=8"}, table=pd.DataFrame({"strategy": [spec]}), regime="cpu/small")
     monkeypatch.setattr(R, "load_frame", lambda db: None)
-    monkeypatch.setattr(R, "recommend", lambda frame, **kw: rec)
-    monkeypatch.setattr(R, "format_text", lambda r: f"choice: {r.spec}")
+    monkeypatch.setattr(R, "recommend_regimes", lambda frame, **kw: {"cpu/small": rec})
+    monkeypatch.setattr(R, "format_regimes", lambda recs: f"choice: {recs['cpu/small'].spec}")
 
 
 @pytest.mark.parametrize("spec, word", [("default", "recursive"), ("DEFAULT", "recursive"), ("zero", "baseline"),
@@ -179,6 +190,9 @@ def test_recommend_write_accepts_a_growth_spec(tmp_path, monkeypatch, capsys):
     _fake_recommendation(monkeypatch, spec)
     target = tmp_path / "default.json"
     assert cli_main(["recommend", "--db", str(tmp_path / "x.sqlite"), "--write", "--default-file", str(target)]) == 0
-    assert json.loads(target.read_text())["spec"] == spec
+    assert json.loads(target.read_text())["regimes"]["cpu/small"]["spec"] == spec
     monkeypatch.setattr(reg, "DEFAULT_FILE", str(target))
     assert strategies.default_spec() == spec
+    # The one regime with evidence lends its choice to every other, and says so.
+    far = reg.default_choice("cuda", 4096)
+    assert far.spec == spec and far.source == reg.REFERENCE_REGIME and "nearest" in far.note

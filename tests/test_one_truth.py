@@ -1,4 +1,4 @@
-"""One truth for the default: the committed evidence, the shipped choice and the README agree."""
+"""One truth for the default: the committed evidence, the shipped choices per regime and the README agree."""
 
 from __future__ import annotations
 
@@ -11,13 +11,18 @@ import strategies
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_recommendation_default_json_and_readme_name_the_same_spec():
-    shipped = json.loads((ROOT / "strategies" / "default.json").read_text())["spec"]
-    evidence = json.loads((ROOT / "reports" / "recommendation.json").read_text())["spec"]
-    assert strategies.canonical(shipped) == strategies.canonical(evidence) == shipped
+def test_recommendation_default_json_and_readme_name_the_same_specs():
+    regimes = json.loads((ROOT / "strategies" / "default.json").read_text())["regimes"]
+    shipped = {key: entry["spec"] for key, entry in regimes.items()}
+    evidence = json.loads((ROOT / "reports" / "recommendation.json").read_text())["regimes"]
+    assert set(shipped) == set(evidence), "default.json and the committed evidence cover different regimes"
+    for key, spec in shipped.items():
+        assert strategies.canonical(spec) == strategies.canonical(evidence[key]["spec"]) == spec, key
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Default strategy", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`([a-z0-9+/:\-]+/[a-z0-9+/:\-]+)`", section))
-    assert named == {shipped}, f"the README's default section names {sorted(named)}, default.json {shipped}"
+    assert named == set(shipped.values()), f"the README's default section names {sorted(named)}, default.json " \
+                                           f"{sorted(set(shipped.values()))}"
     report = (ROOT / "reports" / "report.md").read_text()
-    assert shipped in report
+    what_to_use = report.split("## What to use", 1)[1].split("\n## ", 1)[0]
+    assert all(spec in what_to_use for spec in shipped.values())

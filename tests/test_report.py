@@ -165,7 +165,8 @@ def test_html_is_self_contained_and_escapes_database_strings(built):
     assert "failed runs" in text.lower()
     md = (out / "report.md").read_text()
     assert "<script>" not in md and "figures/pareto.png" in md
-    assert md.splitlines()[0].startswith("# ") and "growbench report --db" in md[:400]
+    assert md.splitlines()[0].startswith("# ") and md.splitlines()[2] == "## What to use"
+    assert "growbench report --db" in md.split("## Advice", 1)[0]
 
 
 def test_captions_are_computed_from_the_data(built):
@@ -180,8 +181,9 @@ def test_captions_are_computed_from_the_data(built):
 
 def test_recommendation_file_and_summary(built):
     _, out, _ = built
-    rec = json.loads((out / "recommendation.json").read_text())
-    assert rec["spec"] and "rule" in rec and rec["evidence"]
+    data = json.loads((out / "recommendation.json").read_text())
+    rec = data["regimes"]["cpu/small"]
+    assert rec["spec"] and "rule" in data and rec["evidence"] and rec["table"]
     import pandas as pd
 
     s = pd.read_csv(out / "summary.csv")
@@ -193,7 +195,7 @@ def test_report_opens_with_advice_derived_from_the_data(built):
     rec = R.recommend(R.load_frame(db))
     md = (out / "report.md").read_text()
     sections = re.findall(r"^## (.+)$", md, re.MULTILINE)
-    assert sections[:2] == ["Advice", "Database"]
+    assert sections[:3] == ["What to use", "Advice", "Database"]
     advice = md.split("## Advice", 1)[1].split("\n## ", 1)[0]
     assert f"**Use** `{rec.spec}`" in advice and f"{rec.evidence['median_time_ms']:.3g} ms per growth" in advice
     html = (out / "report.html").read_text()
@@ -325,7 +327,8 @@ def test_recommendation_follows_the_rule(tmp_path, capsys):
     # FLAKY (failed once), PARTIAL (one dataset) and the baseline are out; FAST_BAD is 3 % worse on B.
     assert rec.spec == SECOND and not rec.fallback
     t = rec.table.set_index("strategy")
-    assert "short of the best on B: optimality 0.873 vs 0.9 (-3.0%)" in t.loc[FAST_BAD, "reason"]
+    assert "short of the best beyond noise on B: optimality 0.873 vs 0.9 (-3.0%; paired difference -0.027 " \
+        "[-0.027, -0.027] over 3 seeds)" in t.loc[FAST_BAD, "reason"]
     assert not t.loc[FAST_BAD, "qualifies"] and t.loc[FAST_BAD, "eligible"]
     assert "failed 1 of 7 runs (first: RuntimeError: singular)" in t.loc[FLAKY, "reason"]
     assert not t.loc[FLAKY, "eligible"] and not t.loc[PARTIAL, "eligible"]
@@ -365,7 +368,7 @@ def test_fallback_when_nothing_qualifies(tmp_path, capsys):
     assert cli_main(["recommend", "--db", str(db), "--write", "--default-file", str(target)]) == 1
     assert not target.exists() and "FALLBACK" in capsys.readouterr().out
     assert cli_main(["recommend", "--db", str(db), "--write", "--force", "--default-file", str(target)]) == 0
-    assert json.loads(target.read_text())["fallback"] is True
+    assert json.loads(target.read_text())["regimes"]["cpu/small"]["fallback"] is True
 
 
 def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
@@ -373,12 +376,13 @@ def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
     target = tmp_path / "default.json"
     assert cli_main(["recommend", "--db", str(db), "--write", "--default-file", str(target)]) == 0
     data = json.loads(target.read_text())
-    assert list(data)[0] == "spec" and data["spec"] == SECOND
-    assert {"rule", "evidence", "db", "generated"} <= set(data) and data["evidence"]["A"]["optimality_within"]
+    entry = data["regimes"]["cpu/small"]
+    assert list(entry)[0] == "spec" and entry["spec"] == SECOND and list(data["regimes"]) == ["cpu/small"]
+    assert {"rule", "db", "generated"} <= set(data) and entry["evidence"]["A"]["optimality_within"]
     import strategies.spec as reg
 
     monkeypatch.setattr(reg, "DEFAULT_FILE", str(target))  # an absolute path: joinpath yields it
-    assert strategies.default_spec() == SECOND and strategies.make("default").spec == SECOND
+    assert strategies.default_spec() == SECOND and strategies.make("default").resolve("cpu", 8).spec == SECOND
 
 
 # ------------------------------------------------------------------ a real (tiny) sweep

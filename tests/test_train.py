@@ -235,7 +235,7 @@ def test_config_errors_name_the_problem():
 
 def test_presets_are_valid_and_distinct():
     presets = train_presets()
-    assert set(presets) == {"smoke", "quick", "full"}
+    assert set(presets) == {"smoke", "quick", "real", "full"}
     for configs in presets.values():
         assert len(set(configs)) == len(configs)
     methods = {c.method for c in presets["quick"]}

@@ -349,3 +349,33 @@ def test_report_of_a_tiny_real_training_sweep(tmp_path):
     assert v.beats_baselines is None and "zero, gradmax did not run" in v.text
     s = pd.read_csv(tmp_path / "out" / "training_summary.csv")
     assert set(s.variant) == {"default", "random", "fixed-large"} and (s.seeds == 1).all()
+
+
+# ------------------------------------------------------------------ the real model's panel
+def test_real_model_runs_are_a_panel_with_a_verdict_figures_and_tokens(tmp_path):
+    real = dict(d_s=32, d_e=384, b=8, d_k0=4, d_k_max=16, p=4)
+    spec = "minilm-recovery:narrow=layer"
+    finals = {"default": 0.0024, "random": 0.0021, "zero": 0.0023, "gradmax": 0.0022, "fixed-small": 0.0030,
+              "fixed-large": 0.0015}
+    rows = [train_row(m, spec, 0, f, 100.0, 10.0 if m not in ("fixed-small", "fixed-large") else 0.0,
+                      n_heads=1, **real) for m, f in finals.items()]
+    for r in rows:  # every head of the narrowed layer: twelve widths per run
+        r["final_d_k"] = r["final_d_k"] * 12
+        r["curve"] = [{**c, "d_k": c["d_k"] * 12} for c in r["curve"]]
+    rows += [train_row(m, "teacher", 0, 1.0, 100.0) for m in ("default", "fixed-large")]
+    runs, curves = load_training(write_train_db(tmp_path / "t.sqlite", rows))
+    s = build_training(runs, curves)
+    assert spec in set(s.table.dataset)
+    assert _cell(s.table, spec, "fixed-large").final_d_k == "16 ×12"
+    v = {x.dataset: x for x in s.verdicts}[spec]
+    assert v.matches_fixed_large is False and v.beats_baselines is False
+    (curves_fig,) = [f for f in s.figures if f.name == "train_curves"]
+    assert curves_fig.fig is not None and not curves_fig.note
+    top = [c for ax in curves_fig.fig.axes for c in ax.child_axes if "tokens" in c.get_xlabel()]
+    assert len(top) == 2  # one per panel: the real model's and teacher's
+    assert any(d.startswith(spec) for d in curves_fig.details)
+    med = median_curves(s.runs, curves)
+    c = med[(med.panel == spec) & (med.variant == "default")]
+    assert (c.tokens == c.step * 8 * 32).all()
+    t = med[(med.panel == "teacher") & (med.variant == "default")]
+    assert (t.tokens == t.step * SIZES["b"] * SIZES["d_s"]).all()

@@ -37,11 +37,15 @@ def _use(rec: Recommendation | None, error: str | None) -> Bullet:
     if rec.fallback:
         why = (f", the fallback choice: no strategy is within {100 * rec.tolerance:g}% of the best on every dataset, "
                f"and this one comes closest (it qualifies from a tolerance of "
-               f"{100 * rec.evidence['qualifies_from_tolerance']:.1f}%), at {time}.")
+               f"{_percent(rec.evidence.get('qualifies_from_tolerance'))}), at {time}.")
     else:
-        why = (f": the fastest growth strategy whose optimality and held-out loss decrease are within "
-               f"{100 * rec.tolerance:g}% of the best on every dataset, at {time}.")
+        why = (f": the fastest growth strategy whose optimality, path efficiency and held-out loss decrease are "
+               f"within {100 * rec.tolerance:g}% of the best on every dataset, beyond seed noise, at {time}.")
     return Bullet((Span("Use", "strong"), " ", Span(rec.spec, "code"), f" ({name}){why}"))
+
+
+def _percent(fraction: float | None) -> str:
+    return "no finite tolerance" if fraction is None else f"{100 * fraction:.1f}%"
 
 
 def _quality_exceptions(rec: Recommendation) -> list[str]:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.recommend import NoResults, Recommendation, load_frame, recommend
+from harness.recommend import NoResults, Recommendation, load_frame, recommend, recommend_regimes
 from harness.report.advice import advice_section
 from harness.report.figures.ablation import ablation
 from harness.report.figures.base import FigureResult, not_drawn
@@ -50,6 +50,7 @@ from harness.report.sweep import (
     summary_section,
     summary_table,
     timing_reliability,
+    what_to_use_section,
 )
 from harness.report.train_runs import has_training, load_training
 from harness.report.training import (
@@ -130,11 +131,15 @@ def _training_only(db, out: Path, figdir: Path, svg: bool, command: str, sweep_e
     return _done(written + _write_pages(out, report), training.figures, [])
 
 
-def _recommendation(frame: pd.DataFrame, device: str | None) -> tuple[Recommendation | None, str | None]:
+def _recommendations(frame: pd.DataFrame, device: str | None
+                     ) -> tuple[dict[str, Recommendation], Recommendation | None, str | None]:
+    """Every regime's recommendation, the primary one (the regime with the most runs, which the figures
+    mark), and the error when there is none."""
     try:
-        return recommend(frame, device=device), None
+        recs = recommend_regimes(frame if device is None else frame[frame.device == device])
+        return recs, recommend(frame, device=device), None
     except ValueError as e:
-        return None, str(e)
+        return {}, None, str(e)
 
 
 def _database(frame: pd.DataFrame, db, training: TrainingSection | None) -> Section:
@@ -185,19 +190,22 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
         command = (f"growbench run --preset {preset} --db {shlex.quote(str(db))}   # the database: "
                    f"its runs are exactly the '{preset}' sweep's\n{command}")
 
-    rec, rec_error = _recommendation(frame, device)
+    recs, rec, rec_error = _recommendations(frame, device)
     results = _sweep_figures(frame, rec, figdir, svg, written)
     train_figures = training.figures if training else []
     for r in train_figures:
         written += write_figure(r, figdir, svg)
     summary = summary_table(frame)
     summary.to_csv(out / "summary.csv", index=False)
-    written += [out / "summary.csv", write_recommendation(out / "recommendation.json", rec, rec_error, str(db))]
+    written += [out / "summary.csv", write_recommendation(out / "recommendation.json", recs, rec_error, str(db))]
     remove_stale(out, figdir, written)
 
-    sections = [_database(frame, db, training), *recommendation_sections(rec, rec_error),
+    regime_sections = [section for i, r in enumerate(recs.values() or [None])
+                       for section in recommendation_sections(r, rec_error, "recommendation" if i == 0 else "")]
+    sections = [_database(frame, db, training), *regime_sections,
                 *(figure_section(r) for r in results), summary_section(summary), failed_section(failed_runs(frame)),
                 *(training_sections(training) if training else [])]
     report = Report("growbench ablation report", command, datetime.now(UTC).isoformat(timespec="seconds"), sections,
-                    advice=advice_section(frame, rec, rec_error, training), preamble=[Paragraph.of(NAMING)])
+                    advice=advice_section(frame, rec, rec_error, training), preamble=[Paragraph.of(NAMING)],
+                    lead=[what_to_use_section(recs, rec_error)])
     return _done(written + _write_pages(out, report), results + train_figures, notes)

@@ -48,11 +48,17 @@ def remove_stale(out: Path, figdir: Path, written: list[Path]) -> None:
             (out / name).unlink()
 
 
-def write_recommendation(path: Path, rec: Recommendation | None, error: str | None, db: str) -> Path:
-    """``recommendation.json``: the recommendation with its table and reference configurations, or the error."""
-    data = rec.as_json(db) if rec else {"spec": None, "error": error}
-    if rec:
-        data["table"] = json.loads(rec.table.to_json(orient="records"))
-        data["reference_configurations"] = rec.cells
+def write_recommendation(path: Path, recs: dict[str, Recommendation], error: str | None, db: str) -> Path:
+    """``recommendation.json``: per regime, the recommendation with its table and reference configurations
+    (the shape of ``strategies/default.json``, plus the tables), or the error."""
+    if not recs:
+        data = {"regimes": {}, "error": error}
+    else:
+        data = {"rule": next(iter(recs.values())).rule, "regimes": {}, "db": db}
+        for key, rec in recs.items():
+            entry = rec.as_json(db)
+            entry["table"] = json.loads(rec.table.to_json(orient="records"))
+            entry["reference_configurations"] = rec.cells
+            data["regimes"][key] = entry
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path

@@ -138,18 +138,24 @@ Block = Paragraph | Facts | Table | Bullets | Figure
 
 @dataclass
 class Section:
-    """A heading (``level`` 2 or 3; ``anchor`` its HTML id, none when empty) and its blocks."""
+    """A heading (``level`` 2 or 3; ``anchor`` its HTML id, none when empty) and its blocks.
+
+    ``folded``: when not empty, the blocks fold away under this summary line (HTML ``<details>``),
+    for long evidence a reader opens on demand.
+    """
 
     title: str
     blocks: list[Block] = field(default_factory=list)
     level: int = 2
     anchor: str = ""
+    folded: str = ""
 
 
 @dataclass
 class Report:
-    """The whole page: its title, the opening advice, the commands that regenerate it, when it was generated
-    (and from which database, when no section says so), blocks before the first section, the sections."""
+    """The whole page: its title, the sections that lead it (what to use), the commands that regenerate it,
+    when it was generated (and from which database, when no section says so), blocks before the first
+    section, the opening advice, the sections."""
 
     title: str
     command: str
@@ -158,6 +164,7 @@ class Report:
     advice: Section | None = None
     source: str | None = None
     preamble: list[Block] = field(default_factory=list)
+    lead: list[Section] = field(default_factory=list)
 
 
 def figure_section(result: FigureResult, level: int = 2) -> Section:

@@ -11,10 +11,22 @@ from dataclasses import fields
 import pandas as pd
 
 from harness.measure import RunConfig
-from harness.recommend import CELL_COLUMNS, Recommendation, is_growth, label, preset_names, rank_note
+from harness.recommend import (
+    CELL_COLUMNS,
+    QUALITY,
+    QUALITY_NAMES,
+    Recommendation,
+    is_growth,
+    label,
+    preset_names,
+    rank_note,
+    what_to_use,
+)
 from harness.report.sections import Block, Facts, Link, Paragraph, Section, Span, Table
 from harness.report.wording import distinct, finished_range, first_line
 from harness.runner.sweep import expand, summary, sweep_presets
+from strategies.regimes import Regime, all_regimes
+from strategies.spec import default_choice
 
 FAILED_TITLE, FAILED_ANCHOR = "Failed runs", "failed"
 NO_CHOICE = "no growth strategy is eligible (never failed and ran on every dataset)"
@@ -99,17 +111,58 @@ def database_section(facts: dict, extra: list[Block]) -> Section:
 
 
 def evidence_table(rec: Recommendation) -> pd.DataFrame:
-    """Per dataset: the choice's medians against the best eligible strategy's."""
+    """Per dataset: the choice's medians against the best eligible strategy's, and whether each is within."""
     names = preset_names()
-    return pd.DataFrame([
-        {"dataset": ds, "time (ms)": e.get("time_ms"), "× floor": e.get("x_floor"), "optimality": e.get("optimality"),
-         "best optimality": e.get("best_optimality"),
-         "best by": label(e.get("best_optimality_strategy", ""), names),
-         "held-out decrease": e.get("heldout_decrease"), "best held-out decrease": e.get("best_heldout_decrease"),
-         "best by ": label(e.get("best_heldout_decrease_strategy", ""), names),
-         "within 2%": "yes" if e.get("optimality_within") and e.get("heldout_decrease_within") else "NO"}
-        for ds, e in rec.evidence.items() if isinstance(e, dict)
-    ])
+    rows = []
+    for ds, e in rec.evidence.items():
+        if not isinstance(e, dict):
+            continue
+        row = {"dataset": ds, "seeds": e.get("seeds"), "time (ms)": e.get("time_ms"), "× floor": e.get("x_floor")}
+        for q in QUALITY:
+            if q in e:
+                row[QUALITY_NAMES[q]] = e[q]
+                row[f"best {QUALITY_NAMES[q]}"] = f"{e[f'best_{q}']:.4g} ({label(e[f'best_{q}_strategy'], names)})"
+        row["within beyond noise"] = "yes" if all(e.get(f"{q}_within", True) for q in QUALITY) else "NO"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> Section:
+    """The page's lead: per regime, the strategy to use, its cost and quality, and the runner-up with its reason.
+
+    Regimes without runs in this database are listed with the choice ``strategies.make("default")``
+    borrows for them, so that a reader on a GPU sees what will run.
+    """
+    if not recs:
+        return Section("What to use", [Paragraph.of(f"No recommendation: {error or NO_CHOICE}", style="note")])
+    table = what_to_use(recs)
+    # The first reason is enough here: the regime's section lists every one.
+    table["runner-up: why it lost"] = [
+        "" if up is None else f"{up}: {_shorten(str(why).split('; ')[0])}"
+        for up, why in zip(table.runner_up, table.runner_up_reason, strict=True)]
+    table = table.drop(columns=["runner_up", "runner_up_reason", "datasets"]).rename(columns={
+        "time_ms": "time (ms)", "x_floor": "× floor", **{q: QUALITY_NAMES[q] for q in QUALITY}})
+    missing = [r for r in all_regimes() if r.key not in recs]
+    blocks: list[Block] = [
+        Paragraph.of("Use ", Span('strategies.make("default")', "code"), ": it runs, per regime of its inputs "
+                     "(device × width d_e), the choice below, which this database's runs make by the rule of ",
+                     Link("the recommendation", "recommendation", recommendation_title(next(iter(recs.values())))),
+                     " (fastest among those within 2% of the best on every dataset of the regime, beyond noise). "
+                     "Quality columns are medians over the regime's datasets; path efficiency is the share of its "
+                     "own path's best decrease that the line search reaches."),
+        Table(table.drop(columns="fallback"), wide=("runner-up: why it lost",),
+              formats={"× floor": ".3g", "time (ms)": ".3g", **{QUALITY_NAMES[q]: ".3g" for q in QUALITY}}),
+    ]
+    fallen = [k for k, r in recs.items() if r.fallback]
+    if fallen:
+        blocks.append(Paragraph.of("Fallback in " + ", ".join(fallen) + ": no strategy meets the rule there; "
+                                   "the choice is the one closest to it (see its evidence).", style="note"))
+    if missing:
+        borrowed = "; ".join(f"{r.describe()}: {default_choice(r.device, r.width).spec}" for r in missing)
+        blocks.append(Paragraph.of("No runs here for ", ", ".join(r.key for r in missing),
+                                   ". There the shipped default.json decides, borrowing its nearest regime's choice "
+                                   f"when it has none: {borrowed}.", style="note"))
+    return Section("What to use", blocks, anchor="what-to-use")
 
 
 def _choice(rec: Recommendation) -> Paragraph:
@@ -123,28 +176,49 @@ def _choice(rec: Recommendation) -> Paragraph:
     return Paragraph.of(*parts, style="choice")
 
 
-def recommendation_sections(rec: Recommendation | None, error: str | None) -> list[Section]:
-    """The choice, its rule and reference configurations; its evidence; the runners-up and why they lost."""
+def _shorten(text: str, limit: int = 140) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def recommendation_title(rec: Recommendation | None) -> str:
+    """The heading of a regime's recommendation (Markdown viewers derive its anchor from it)."""
+    title = "Recommended default strategy"
+    if rec is not None and rec.regime:
+        title += f": {Regime.parse(rec.regime).describe()}"
+    return title
+
+
+def recommendation_sections(rec: Recommendation | None, error: str | None, anchor: str = "recommendation"
+                            ) -> list[Section]:
+    """The choice of one regime, its rule and reference configurations; its evidence; the runners-up and why
+    they lost."""
+    title = recommendation_title(rec)
     blocks: list[Block] = []
     if rec is None or rec.spec is None:
         blocks.append(Paragraph.of(f"No recommendation: {error or NO_CHOICE}", style="note"))
     if rec is None:
-        return [Section("Recommended default strategy", blocks)]
+        return [Section(title, blocks, anchor=anchor)]
     if rec.spec is not None:
         blocks.append(_choice(rec))
+    if rec.forced_by:
+        blocks.append(Paragraph.of("Forced to a fallback by: " + "; ".join(
+            f"{f['dataset']}, {QUALITY_NAMES[f['measure']]} {f['value']:.3g} vs {f['best']:.3g} "
+            f"({label(f['best_strategy'])})" for f in rec.forced_by) + ".", style="note"))
     blocks.append(Paragraph.of(Span("Rule.", "strong"), " ", rec.rule))
     cells: list = ["Reference configurations: "]
     for i, (ds, desc) in enumerate(rec.cells.items()):
         cells += ["; " if i else "", Span(ds, "strong"), f": {desc}"]
     blocks.append(Paragraph.of(*cells, "."))
-    sections = [Section("Recommended default strategy", blocks)]
+    sections = [Section(title, blocks, anchor=anchor)]
     if rec.spec is not None:
-        sections.append(Section("Evidence (medians over seeds)", [Table(evidence_table(rec))], level=3))
+        sections.append(Section("Evidence (medians over seeds)", [Table(evidence_table(rec))], level=3,
+                                folded="the choice against the best, per dataset"))
     runners_up = rec.runners_up[["rank", "strategy", "preset", "time_ms", "x_floor", "reason"]].rename(
         columns={"time_ms": "median time (ms)", "x_floor": "× floor"})
     ranks = [Paragraph.of(rank_note(rec))] if rec.spec is not None else []
     sections.append(Section("Runners-up, by median time, with the reason they lost",
-                            [*ranks, Table(runners_up, wide=("reason",))], level=3))
+                            [*ranks, Table(runners_up, wide=("reason",))], level=3,
+                            folded=f"{len(runners_up)} strategies and why each lost"))
     return sections
 
 

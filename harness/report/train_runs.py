@@ -18,7 +18,7 @@ import pandas as pd
 from harness.report.wording import first_line
 from harness.runner.train_sweep import variant_names
 from harness.store.training import load
-from harness.train import config_fields
+from harness.train import config_fields, tokens_per_step
 
 MAIN_METHODS = ("default", "random", "zero", "gradmax", "fixed-small", "fixed-large")
 BASELINES = ("random", "zero", "gradmax")
@@ -35,7 +35,7 @@ COMPARISONS = (
 SETUP_FIELDS = ("d_s", "d_e", "b", "d_k0", "steps", "lr", "eval_every", "stats_batches", "device", "dtype")
 TABLE_COLUMNS = ["dataset", "variant", "comparison", "seeds", "failed", "final_heldout", "best_heldout",
                  "final_vs_fixed_large", "wall_s", "total_flops", "growth_flops_share", "n_growths", "final_d_k"]
-CURVE_COLUMNS = ["panel", "variant", "step", "flops", "wall_s", "heldout", "lo", "hi", "seeds"]
+CURVE_COLUMNS = ["panel", "variant", "step", "tokens", "flops", "wall_s", "heldout", "lo", "hi", "seeds"]
 # Columns of a run the report reads, present even in a database written before some of them existed.
 RUN_COLUMNS = ("status", "error", "final_heldout", "best_heldout", "wall_s", "total_flops", "growth_flops",
                "n_growths", "final_d_k", "events")
@@ -66,8 +66,11 @@ def stored_json(value, default):
 
 
 def _width(value) -> str:
-    """A stored final width (JSON list per head) as text: ``8``, or ``4, 4`` for two heads."""
+    """A stored final width (JSON list per head) as text: ``8``, ``4, 4`` for two heads, ``16 ×12`` for twelve
+    heads of one width (the real model's narrowed layer)."""
     w = stored_json(value, value)
+    if isinstance(w, list) and len(w) > 2 and len(set(w)) == 1:
+        return f"{w[0]} ×{len(w)}"
     return ", ".join(str(x) for x in w) if isinstance(w, list) else str(w)
 
 
@@ -192,15 +195,21 @@ def failed_training_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 def median_curves(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     """Per panel, variant and step: medians over the successful seeds of held-out loss, FLOPs and wall
-    time, the min and max held-out loss, and the number of seeds at that step."""
+    time, the min and max held-out loss, and the number of seeds at that step; ``tokens`` is the sequence
+    positions the optimiser has trained on by then (:func:`harness.train.tokens_per_step`; a growth's
+    captured batches are not counted)."""
     if runs.empty or curves.empty:
         return pd.DataFrame(columns=CURVE_COLUMNS)
-    ok = runs[runs.status == "ok"][["key", "panel", "variant"]]
-    merged = curves.merge(ok, on="key")
+    ok = runs[runs.status == "ok"][["key", "panel", "variant", "dataset", "b", "d_s"]]
+    ok = ok.assign(per_step=[tokens_per_step(str(d), int(b), int(n)) for d, b, n in zip(ok.dataset, ok.b, ok.d_s,
+                                                                                         strict=True)])
+    merged = curves.merge(ok.drop(columns=["dataset", "b", "d_s"]), on="key")
     if merged.empty:
         return pd.DataFrame(columns=CURVE_COLUMNS)
+    merged["tokens"] = merged.step * merged.per_step
     grouped = merged.groupby(["panel", "variant", "step"], sort=True)
-    out = pd.DataFrame({"flops": grouped.flops.median(), "wall_s": grouped.wall_s.median(),
+    out = pd.DataFrame({"tokens": grouped.tokens.median(), "flops": grouped.flops.median(),
+                        "wall_s": grouped.wall_s.median(),
                         "heldout": grouped.heldout_loss.median(), "lo": grouped.heldout_loss.min(),
                         "hi": grouped.heldout_loss.max(), "seeds": grouped.size()})
     return out.reset_index()[CURVE_COLUMNS]

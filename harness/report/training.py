@@ -27,8 +27,12 @@ FAILED_TITLE, FAILED_ANCHOR = "Failed training runs", "training-failed"
 INTRO = ("Each training run trains a fresh model of the dataset with Adam, starting from d_k0 and growing every "
          "grow_every steps by p columns until d_k_max with the run's method (default: the default growth strategy; "
          "random, zero, gradmax: baselines), next to fixed-size models at d_k0 (fixed-small) and d_k_max "
-         "(fixed-large). FLOPs count every training step and every growth; wall time excludes the held-out "
-         "evaluation. All numbers are medians over seeds.")
+         "(fixed-large). On the real pretrained model (the minilm-* panels with narrow=layer or narrow=all), the "
+         "model is all-MiniLM-L6-v2: every head of the chosen layers is narrowed to the best rank-d_k0 factors of "
+         "its pretrained query/key product, and only those factors are trained, by distillation to the original "
+         "model's output (minilm-recovery) or on its contrastive objective (minilm-similarity); fixed-large starts "
+         "from the best rank-d_k_max factors. FLOPs count every training step and every growth; wall time excludes "
+         "the held-out evaluation and the making of batches. All numbers are medians over seeds.")
 DISPLAY = {"final_heldout": "final held-out", "best_heldout": "best held-out",
            "final_vs_fixed_large": "final / fixed-large", "wall_s": "wall (s)", "total_flops": "total FLOPs",
            "growth_flops_share": "growth FLOPs share", "n_growths": "growths", "final_d_k": "final d_k"}

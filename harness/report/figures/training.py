@@ -115,8 +115,21 @@ def _scale_axes(ax_flops, ax_steps, curves: pd.DataFrame, shown: pd.DataFrame, p
         log_axis(ax_flops, "x")
     ax_flops.set_xlabel("FLOPs, training + growth (median over seeds" + (", log scale)" if log_x else ")"))
     ax_steps.set_xlabel("optimiser step")
+    _tokens_axis(ax_steps, curves)
     ax_flops.set_title(f"{plain_text(panel)}: against compute")
     ax_steps.set_title(f"{plain_text(panel)}: against steps")
+
+
+def _tokens_axis(ax_steps, curves: pd.DataFrame) -> None:
+    """Training tokens seen on the steps panel's top axis: a panel's runs share ``b`` and ``d_s``, so tokens are
+    a fixed multiple of steps (held-out loss against tokens is the steps panel, read on that axis)."""
+    moved = curves[(curves.step > 0) & curves.tokens.notna()] if "tokens" in curves else curves.iloc[:0]
+    if moved.empty:
+        return
+    per_step = float((moved.tokens / moved.step).median())
+    top = ax_steps.secondary_xaxis("top", functions=(lambda s: s * per_step, lambda t: t / per_step))
+    top.set_xlabel(f"training tokens seen ({per_step:g} per step)", fontsize="small")
+    top.tick_params(labelsize="small")
 
 
 def _draw(runs: pd.DataFrame, med: pd.DataFrame, show: list[str], refs: list[str], title: str) -> plt.Figure:
@@ -188,7 +201,9 @@ def training_curves(runs: pd.DataFrame, curves: pd.DataFrame, table: pd.DataFram
     panels = sorted(med[med.variant.isin(show)].panel.unique())
     caption = ("Lines are medians over seeds at each evaluation step (seeds share steps), shaded bands the min–max "
                "over seeds; FLOPs count training steps and growths (statistics, direction, line search), not the "
-               f"held-out evaluation. Lowest final held-out loss: {_lowest(table, panels, show)}.")
+               "held-out evaluation nor the making of batches. The top axis of the right-hand panels reads the steps "
+               "as training tokens seen (batch × sequence length per step, twice that for text pairs). "
+               f"Lowest final held-out loss: {_lowest(table, panels, show)}.")
     return FigureResult("train_curves", title, caption, fig, data=med[med.variant.isin(show)],
                         details=[_method_detail(runs, table, panel, show) for panel in panels])
 
