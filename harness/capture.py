@@ -70,22 +70,43 @@ def capture(model, ds, b: int, indices: Iterable[int], device: str) -> Capture:
     Returns
     -------
     Capture
+        As :func:`capture_heads`.
+    """
+    return capture_heads(model, [ds.batch(b, "train", index) for index in indices], device)
+
+
+def capture_heads(model, batches: list[tuple[torch.Tensor, torch.Tensor]], device: str) -> Capture:
+    """Forward/backward ``batches`` through ``model`` with capture, keeping each head's own input.
+
+    Batches are drawn beforehand, so that a caller can keep making them (e.g. the original
+    model's forward for distillation targets) out of a growth's FLOPs and wall time. Where
+    the heads sit in different layers (``block.inputs_per_head``), ``BatchCapture.X`` is a
+    tuple of each head's input ``(b, d_s, d_in)``; :func:`head_captures` gives one head's view.
+
+    Returns
+    -------
+    Capture
         Per batch ``(X, G per head, mask)``, and the rest of the model on the last batch.
     """
     block = model.block
-    batches = []
-    targets = None
-    for index in indices:
-        inputs, targets = (t.to(device) for t in ds.batch(b, "train", index))
+    out, targets = [], None
+    for inputs, targets in batches:
+        inputs, targets = inputs.to(device), targets.to(device)
         model.zero_grad(set_to_none=True)
         with block.capture():
             model.loss(inputs, targets).backward()
-        first = block.captured(0)
-        batches.append(BatchCapture(first.Xa, tuple(block.captured(h).G for h in range(block.n_heads)), first.mask))
+        seen = [block.captured(h) for h in range(block.n_heads)]
+        X = tuple(c.Xa for c in seen) if getattr(block, "inputs_per_head", False) else seen[0].Xa
+        out.append(BatchCapture(X, tuple(c.G for c in seen), seen[0].mask))
     model.zero_grad(set_to_none=True)
     if targets is None:
-        raise ValueError("capture needs at least one batch index")
-    return Capture(batches, model.rest(targets))
+        raise ValueError("capture needs at least one batch")
+    return Capture(out, model.rest(targets))
+
+
+def head_captures(caps: list[BatchCapture], head: int) -> list[BatchCapture]:
+    """``caps`` as ``head`` saw them: its own input where each head has one (see :func:`capture_heads`)."""
+    return [c._replace(X=c.X[head]) if isinstance(c.X, tuple) else c for c in caps]
 
 
 def statistics_over(strategy: strategies.Strategy | None, batches: Iterable[BatchCapture],

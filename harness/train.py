@@ -26,7 +26,7 @@ layers, narrowed to the best rank-``d_k0`` factors of their pretrained ``Z``) ar
 grown; only their query/key factors are trained, by distillation to the original model's
 output (``minilm-recovery``) or fine-tuning on its contrastive objective
 (``minilm-similarity``). Heads of different layers see different inputs: a growth keeps
-each head's own (:func:`capture_heads`) and grows the deepest layer first
+each head's own (:func:`harness.capture.capture_heads`) and grows the deepest layer first
 (``block.growth_order``).
 """
 
@@ -43,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import strategies
 from datasets import DATASETS, make_dataset, parse_dataset
-from harness.capture import BatchCapture, Capture, statistics_over
+from harness.capture import BatchCapture, capture_heads, head_captures, statistics_over
 from harness.env import KeyedConfig, require_device
 from harness.optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
 from strategies import metrics
@@ -168,41 +168,6 @@ def growth_batches(step: int, n: int) -> range:
     """Indices of the ``n`` train batches a growth before ``step`` captures: distinct for every step."""
     start = GROWTH_INDEX_OFFSET + step * n
     return range(start, start + n)
-
-
-def capture_heads(model, batches: list[tuple[torch.Tensor, torch.Tensor]], device: str) -> Capture:
-    """Forward/backward ``batches`` through ``model`` with capture, keeping each head's own input.
-
-    As :func:`harness.capture.capture`, on batches drawn beforehand (so that making them,
-    e.g. the original model's forward for distillation targets, is not counted in a
-    growth's FLOPs and wall time). Where the heads sit in different layers
-    (``block.inputs_per_head``), ``BatchCapture.X`` is a tuple of each head's input
-    ``(b, d_s, d_in)``; :func:`head_captures` gives one head's view.
-
-    Returns
-    -------
-    harness.capture.Capture
-        Per batch ``(X, G per head, mask)``, and the rest of the model on the last batch.
-    """
-    block = model.block
-    out, targets = [], None
-    for inputs, targets in batches:
-        inputs, targets = inputs.to(device), targets.to(device)
-        model.zero_grad(set_to_none=True)
-        with block.capture():
-            model.loss(inputs, targets).backward()
-        seen = [block.captured(h) for h in range(block.n_heads)]
-        X = tuple(c.Xa for c in seen) if getattr(block, "inputs_per_head", False) else seen[0].Xa
-        out.append(BatchCapture(X, tuple(c.G for c in seen), seen[0].mask))
-    model.zero_grad(set_to_none=True)
-    if targets is None:
-        raise ValueError("capture needs at least one batch")
-    return Capture(out, model.rest(targets))
-
-
-def head_captures(caps: list[BatchCapture], head: int) -> list[BatchCapture]:
-    """``caps`` as ``head`` saw them: its own input where each head has one (see :func:`capture_heads`)."""
-    return [c._replace(X=c.X[head]) if isinstance(c.X, tuple) else c for c in caps]
 
 
 def is_baseline(strategy) -> bool:

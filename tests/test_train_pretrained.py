@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 import strategies  # noqa: E402
 from datasets import make_dataset  # noqa: E402
 from datasets.minilm import weights_available  # noqa: E402
+from harness.capture import capture_heads  # noqa: E402
 from harness.cli import main as cli_main  # noqa: E402
 from harness.runner.train_sweep import (  # noqa: E402
     COMPARED_METHODS,
@@ -27,7 +28,7 @@ from harness.runner.train_sweep import (  # noqa: E402
     runnable_here,
     train_presets,
 )
-from harness.train import TrainConfig, capture_heads, grow_heads, growth_batches, tokens_per_step, train_run  # noqa: E402
+from harness.train import TrainConfig, grow_heads, growth_batches, tokens_per_step, train_run  # noqa: E402
 from harness.validate import ConfigError, check_train_configs  # noqa: E402
 
 LAYER = "minilm-recovery:narrow=layer:layer=5:source=random"
