@@ -391,6 +391,11 @@ def recommend_regimes(frame: pd.DataFrame, tolerance: float = TOLERANCE, time_me
             for r in present}
 
 
+def primary_regime(frame: pd.DataFrame) -> Regime:
+    """The regime :func:`recommend` uses when none is given: the one with the most successful growth runs."""
+    return _pick_regime(frame, None)
+
+
 def _pick_regime(frame: pd.DataFrame, regime: Regime | str | None) -> Regime:
     if isinstance(regime, Regime):
         return regime

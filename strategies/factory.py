@@ -90,10 +90,12 @@ class DefaultStrategy(Strategy):
 
     def resolve(self, device: object, d_e: int) -> GrowthStrategy:
         """The strategy that runs for inputs on ``device`` of width ``d_e`` (built once per spec)."""
-        spec = self.choice(device, d_e).spec
-        if spec not in self._built:
-            self._built[spec] = make(spec, **self.options)
-        return self._built[spec]
+        return self._built_for(self.choice(device, d_e))
+
+    def _built_for(self, chosen: DefaultChoice) -> GrowthStrategy:
+        if chosen.spec not in self._built:
+            self._built[chosen.spec] = make(chosen.spec, **self.options)
+        return self._built[chosen.spec]
 
     def _for(self, tensor: Tensor) -> GrowthStrategy:
         return self.resolve(tensor.device, int(tensor.shape[-1]))
@@ -119,8 +121,8 @@ class DefaultStrategy(Strategy):
         """:meth:`Strategy.grow` with the choice of ``X``'s regime; see the class docstring for what it records."""
         if not isinstance(X, Tensor) or X.dim() < 1:
             raise ValueError("X must be a tensor (b, d_s, d_e)")
-        chosen = self.choice(X.device, int(X.shape[-1]))
-        strategy = self.resolve(X.device, int(X.shape[-1]))
+        chosen = self.choice(X.device, int(X.shape[-1]))  # default.json is read once per growth
+        strategy = self._built_for(chosen)
         if stats is not None and type(stats) is not type(strategy.new_statistics()):
             raise ValueError(
                 f"stats of type {type(stats).__name__} do not fit the default for {chosen.regime.describe()}, "

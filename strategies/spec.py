@@ -311,7 +311,11 @@ def default_choice(device: object = "cpu", d_e: int | None = None) -> DefaultCho
         A regime with no choice of its own borrows its nearest neighbour's and says so in ``note``.
     """
     regime = Regime(device_kind(device), REFERENCE_REGIME.band) if d_e is None else Regime.of(device, d_e)
-    choices, problem = _choices()
+    return _choice_in(regime, *_choices())
+
+
+def _choice_in(regime: Regime, choices: dict[Regime, str] | str, problem: str) -> DefaultChoice:
+    """``regime``'s choice among the file's ``choices`` (as from :func:`_choices`)."""
     if isinstance(choices, str):
         return DefaultChoice(choices, regime, None, problem or f"{DEFAULT_FILE} names one spec for every regime")
     source = nearest(regime, choices)
@@ -343,7 +347,8 @@ def default_spec(device: object = "cpu", d_e: int | None = None) -> str:
 
 def default_specs() -> dict[Regime, DefaultChoice]:
     """The ``default`` preset's choice in every regime (see :func:`default_choice`)."""
-    return {r: default_choice(r.device, r.width) for r in all_regimes()}
+    read = _choices()  # once for all regimes
+    return {r: _choice_in(r, *read) for r in all_regimes()}
 
 
 def presets() -> dict[str, str]:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.recommend import NoResults, Recommendation, load_frame, recommend, recommend_regimes
+from harness.recommend import NoResults, Recommendation, load_frame, primary_regime, recommend_regimes
 from harness.report.advice import advice_section
 from harness.report.figures.ablation import ablation
 from harness.report.figures.base import FigureResult, not_drawn
@@ -135,11 +135,12 @@ def _recommendations(frame: pd.DataFrame, device: str | None
                      ) -> tuple[dict[str, Recommendation], Recommendation | None, str | None]:
     """Every regime's recommendation, the primary one (the regime with the most runs, which the figures
     mark), and the error when there is none."""
+    runs = frame if device is None else frame[frame.device == device]
     try:
-        recs = recommend_regimes(frame if device is None else frame[frame.device == device])
-        return recs, recommend(frame, device=device), None
+        recs = recommend_regimes(runs)
     except ValueError as e:
         return {}, None, str(e)
+    return recs, recs.get(primary_regime(runs).key), None
 
 
 def _database(frame: pd.DataFrame, db, training: TrainingSection | None) -> Section:

@@ -26,7 +26,7 @@ from harness.report.sections import Block, Facts, Link, Paragraph, Section, Span
 from harness.report.wording import distinct, finished_range, first_line
 from harness.runner.sweep import expand, summary, sweep_presets
 from strategies.regimes import Regime, all_regimes
-from strategies.spec import default_choice
+from strategies.spec import default_specs
 
 FAILED_TITLE, FAILED_ANCHOR = "Failed runs", "failed"
 NO_CHOICE = "no growth strategy is eligible (never failed and ran on every dataset)"
@@ -158,7 +158,8 @@ def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> S
         blocks.append(Paragraph.of("Fallback in " + ", ".join(fallen) + ": no strategy meets the rule there; "
                                    "the choice is the one closest to it (see its evidence).", style="note"))
     if missing:
-        borrowed = "; ".join(f"{r.describe()}: {default_choice(r.device, r.width).spec}" for r in missing)
+        shipped = default_specs()
+        borrowed = "; ".join(f"{r.describe()}: {shipped[r].spec}" for r in missing)
         blocks.append(Paragraph.of("No runs here for ", ", ".join(r.key for r in missing),
                                    ". There the shipped default.json decides, borrowing its nearest regime's choice "
                                    f"when it has none: {borrowed}.", style="note"))
