@@ -142,4 +142,6 @@ def pow2_scale(t: Tensor) -> Tensor:
     """
     m = t.abs().amax()
     one = torch.ones_like(m)
-    return torch.where(m > 0, torch.ldexp(one, torch.frexp(m).exponent), one)
+    # The exponent in t's dtype: torch 2.3's ldexp raises 2 to an integer exponent in float32,
+    # which underflows to 0 below 2^-149 (a float64 gradient of 1e-125 would scale to 0).
+    return torch.where(m > 0, torch.ldexp(one, torch.frexp(m).exponent.to(m.dtype)), one)

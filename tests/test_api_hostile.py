@@ -221,6 +221,19 @@ def test_statistics_of_extreme_G_give_the_same_step(spec, factor):
         assert r.lam > 0 and r.loss_after < r.loss_before
 
 
+@pytest.mark.parametrize("spec", ["default", "formula1", "joint"])
+def test_float64_G_below_float32_range_is_rescaled_in_float64(spec):
+    """float64 G·1e-200: its power-of-two scale (2^-664) lies far below float32's range, so it must be
+    formed in float64 (torch 2.3's ldexp formed it in float32: 0, then a NaN direction)."""
+    pr = problem()
+    loss = attention_loss(pr["V"], pr["T"])
+    ref = grow(spec, pr, loss)
+    r = grow(spec, {**pr, "G": pr["G"] * 1e-200}, lambda S: loss(S) * 1e-200)
+    assert r.info["g_scale"] == 2.0 ** math.frexp(float((pr["G"] * 1e-200).abs().max()))[1]
+    assert r.lam == pytest.approx(ref.lam, rel=1e-6)
+    assert rel_err(r.dZ, ref.dZ) < 1e-6
+
+
 def test_joint_in_float32_solves_statistics_of_a_tiny_G():
     """float32 CG on statistics of G·1e-30: ‖rhs‖² would underflow to 0 and make P = 0 without the rescaling."""
     pr = float32_problem()

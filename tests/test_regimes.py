@@ -204,6 +204,17 @@ def test_path_efficiency_counts_and_is_capped_at_one(tmp_path):
     assert "path efficiency 0.8 vs 1 (-20.0%" in reason
 
 
+def test_a_one_seed_candidate_is_shown_against_the_best_on_that_seed(tmp_path):
+    # BEST: 0.70, 0.50, 0.50 (median 0.50); ONE ran seed 0 only, 0.66: above BEST's median, 0.04 below it
+    # on the seed they share. The reason sets 0.66 against 0.70, not against 0.50 as "-0.0%".
+    best = "gram/solve/full+metric/normal:grid"
+    rows = [row(best, "A", seed=s, t=0.02, opt=o) for s, o in enumerate([0.7, 0.5, 0.5])]
+    rows.append(row("gram/solve/full+metric/fast:newton", "A", seed=0, t=0.01, opt=0.66))
+    rec = R.recommend(R.load_frame(write_db(tmp_path / "r.sqlite", rows)))
+    reason = rec.table.set_index("strategy").loc["gram/solve/full+metric/fast:newton", "reason"]
+    assert "optimality 0.66 vs 0.7 (-5.7%; difference -0.04, 1 seed" in reason
+
+
 def test_fallback_names_the_dataset_and_measure_that_forced_it(tmp_path):
     rows = []
     for seed in range(3):
