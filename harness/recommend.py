@@ -450,19 +450,21 @@ class _Runs:
         """The median of ``column`` of ``strategy`` on ``dataset``."""
         return float(self.table.loc[(strategy, dataset), column])
 
+    def _by_seed(self, strategy: str, best: str, dataset: str, column: str) -> pd.DataFrame:
+        """``column`` of ``strategy`` (``a``) and of ``best`` (``b``) on ``dataset``, one row per seed both have."""
+        return pd.DataFrame({"a": self.per_seed.loc[(strategy, dataset), column],
+                             "b": self.per_seed.loc[(best, dataset), column]}).dropna()
+
     def paired(self, strategy: str, best: str, dataset: str, column: str) -> Paired:
         """``strategy − best`` on ``column``, paired by seed on ``dataset``."""
-        a = self.per_seed.loc[(strategy, dataset), column]
-        b = self.per_seed.loc[(best, dataset), column]
-        return Paired.of((a - b).dropna().to_numpy(), self.confidence)
+        ab = self._by_seed(strategy, best, dataset, column)
+        return Paired.of((ab.a - ab.b).to_numpy(), self.confidence)
 
     def on_common_seeds(self, strategy: str, best: str, dataset: str, column: str) -> tuple[float, float]:
         """The medians of ``column`` of ``strategy`` and of ``best`` over the seeds both ran on ``dataset``
         (what :meth:`paired` compares, as values a reader can set side by side)."""
-        a = self.per_seed.loc[(strategy, dataset), column]
-        b = self.per_seed.loc[(best, dataset), column]
-        common = a.index.intersection(b.index)
-        return float(a[common].median()), float(b[common].median())
+        ab = self._by_seed(strategy, best, dataset, column)
+        return float(ab.a.median()), float(ab.b.median())
 
     def missing_seeds(self) -> dict[str, str]:
         """``{strategy: "ran 1 of 3 seeds on <dataset>"}`` for strategies without every seed of a dataset's
