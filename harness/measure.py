@@ -239,6 +239,20 @@ def growth_site(model: GrowthModel, ds: Dataset, cfg: RunConfig) -> GrowthSite:
     return GrowthSite(cap.batches, loss_of_scores, W_Q, W_K, block.scale(0), block.new_scale(0, cfg.p))
 
 
+def site_of(cfg: RunConfig, cache_dir: str | None = "results/cache") -> GrowthSite:
+    """The growth site of a configuration: its (cached) trained model's head 0, captured on its batches."""
+    ds, model = _trained(cfg, cache_dir)
+    return growth_site(model, ds, cfg)
+
+
+def step_quality(strategy: strategies.Strategy, site: GrowthSite, cfg: RunConfig,
+                 cache_dir: str | None = "results/cache") -> tuple[strategies.GrowthResult, dict]:
+    """One growth of ``strategy`` at ``site`` and its quality columns (:func:`strategies.metrics.quality`),
+    without the timing repeats, the held-out loss and the λ scan that :func:`measure` adds."""
+    r = site.grow(strategy, cfg.p)
+    return r, _quality(site, r.dZ, cfg.b, cache_dir)
+
+
 def _trained(cfg: RunConfig, cache_dir: str | None) -> tuple[Dataset, GrowthModel]:
     """The configuration's dataset and its model after the (cached) warm-up."""
     require_device(cfg.device)

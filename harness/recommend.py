@@ -24,11 +24,18 @@ The rule (:data:`RULE`), applied by :func:`recommend` to the runs of one regime
    (``high``: the interval's upper bound), is ``>= best - 0.02 * |best|``: noise never
    disqualifies a candidate that may be as good, and a loss bigger than 2 % beyond noise
    always does. A strategy *qualifies* when it is within on every dataset and measure.
-5. **Speed.** Time is ``t_total`` (the growth, statistics included): the median over
-   seeds per dataset, then the **median of these per-dataset medians**. The
-   recommendation is the fastest qualifying eligible strategy (ties: the spec string).
-   ``time_metric="x_floor"`` ranks by ``t_total / t_floor`` instead (a robustness check
-   on a shared machine, not the documented rule).
+5. **Speed, within noise.** Time is ``t_total`` (the growth, statistics included): the
+   median over seeds per dataset, then the **median of these per-dataset medians**. The
+   fastest qualifying strategy by this measure is the *front-runner*; a qualifying strategy
+   whose time is at most 5 % above the front-runner's is *as fast* (:data:`TIME_TOLERANCE`:
+   the same strategy measured in two sweeps on a shared machine differs by a few per cent,
+   so a smaller difference in time ranks noise). Among the strategies as fast as the
+   front-runner (itself included), the recommendation is the one **closest to the best**:
+   the smallest mean, over datasets, of the shortfalls of its medians of optimality and path
+   efficiency from the best's (each capped at 100 %; ties: the faster, then the spec string).
+   These two measures are exact for a seed, so the choice no longer flips with the timing
+   noise of a rerun. ``time_metric="x_floor"`` ranks by ``t_total / t_floor`` instead (a
+   robustness check on a shared machine, not the documented rule).
 6. **Fallback.** If no eligible strategy qualifies, the eligible strategy with the
    smallest worst shortfall beyond noise is returned (the first to qualify as the
    tolerance is raised; ties: the faster), flagged ``fallback``, with the datasets and
@@ -58,9 +65,14 @@ from strategies.regimes import Regime, all_regimes
 from strategies.spec import REFERENCE_REGIME, check_default_choice
 
 TOLERANCE = 0.02
+#: How much slower than the fastest qualifying strategy another may be and still count as as fast (rule step 5).
+TIME_TOLERANCE = 0.05
 #: Confidence of the paired-difference intervals.
 CONFIDENCE = 0.95
 QUALITY = ("optimality", "path_efficiency", "heldout_decrease")
+#: The measures of the step itself, exact for a seed, that break a tie in time (rule step 5). The held-out
+#: decrease is left out there: near zero on small problems, its shortfall relative to the best is noise.
+STEP_QUALITY = ("optimality", "path_efficiency")
 QUALITY_NAMES = {"optimality": "optimality", "path_efficiency": "path efficiency",
                  "heldout_decrease": "held-out decrease"}
 CELL_COLUMNS = ("d_s", "d_e", "b", "d_k", "p", "n_batches", "repeats", "warmup_steps", "dtype", "scale_policy",
@@ -72,7 +84,9 @@ RULE = (
     "are, on every dataset, within {tol:g}% of the best eligible strategy's beyond noise: best + (upper bound of "
     "the {conf:g}% t interval of the paired differences over seeds) >= best - {frac:g}*|best|. Per dataset only "
     "its reference configuration counts: the sizes/settings/device group with the most strategies. The best is "
-    "the highest median over seeds."
+    "the highest median over seeds. Strategies within {time_tol:g}% of the fastest qualifying one's time count as "
+    "as fast; among them the one with the smallest mean shortfall of its optimality and path efficiency medians "
+    "from the best's is chosen."
 )
 
 
@@ -83,7 +97,8 @@ class NoResults(ValueError):
 def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total", confidence: float = CONFIDENCE) -> str:
     """The rule in one paragraph, with the tolerance and confidence filled in."""
     metric = "t_total" if time_metric == "t_total" else "t_total/t_floor (x_floor)"
-    return RULE.format(tol=100 * tolerance, frac=tolerance, metric=metric, conf=100 * confidence)
+    return RULE.format(tol=100 * tolerance, frac=tolerance, metric=metric, conf=100 * confidence,
+                       time_tol=100 * TIME_TOLERANCE)
 
 
 # ------------------------------------------------------------------ loading
@@ -255,6 +270,8 @@ class Recommendation:
     regime: str | None = None
     #: With a fallback: the ``(dataset, measure)`` pairs where the choice misses the tolerance.
     forced_by: list[dict] = field(default_factory=list)
+    #: The qualifying strategies as fast as the front-runner (rule step 5): ``{spec: time / front-runner's}``.
+    as_fast: dict[str, float] = field(default_factory=dict)
 
     @property
     def runners_up(self) -> pd.DataFrame:
@@ -274,6 +291,7 @@ class Recommendation:
             "regime": regime.describe() if regime else None,
             "fallback": self.fallback,
             "forced_by": self.forced_by,
+            "as_fast": self.as_fast,
             "datasets": self.cells,
             "evidence": self.evidence,
             "runners_up": [
@@ -358,20 +376,23 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
     rows = [_strategy_row(s, runs, best, s in eligible, failures.get(s) or partial.get(s), tolerance, names)
             for s in every_growth]
     table = pd.DataFrame(rows, columns=["strategy", "preset", "time_ms", "x_floor", "eligible", "qualifies",
-                                        "worst_shortfall", "misses", "reason"])
+                                        "worst_shortfall", "mean_shortfall", "misses", "reason"])
     table = table.sort_values([key, "strategy"], na_position="last", kind="stable").reset_index(drop=True)
-    chosen, fallback = _choose(table, key)
+    tied = as_fast(table, key)
+    chosen, fallback = _choose(table, key, tied)
     evidence, forced_by = {}, []
     if chosen is not None:
-        _explain_choice(table, chosen, fallback, key)
+        _explain_choice(table, chosen, fallback, key, tied)
         evidence = _evidence(chosen, fallback, runs, best, ref, table, tolerance)
+        if tied:
+            evidence["mean_shortfall"] = _num(float(table.loc[table.strategy == chosen, "mean_shortfall"].iloc[0]))
         if fallback:
             forced_by = table.loc[table.strategy == chosen, "misses"].iloc[0]
     table["rank"] = range(1, len(table) + 1)
     return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric, confidence), fallback=fallback,
                           tolerance=tolerance, datasets=runs.datasets, cells=cell_description(ref), evidence=evidence,
                           table=table.drop(columns="misses"), excluded_baselines=baselines, regime=regime.key,
-                          forced_by=forced_by)
+                          forced_by=forced_by, as_fast=tied)
 
 
 def recommend_regimes(frame: pd.DataFrame, tolerance: float = TOLERANCE, time_metric: str = "t_total",
@@ -549,6 +570,9 @@ def _strategy_row(strategy: str, runs: _Runs, best: dict, eligible: bool, failur
                   tolerance: float, names: dict[str, str]) -> dict:
     """One line of the recommendation's table: times, eligibility, quality and the reasons it may lose."""
     worst, misses, data = _quality_misses(strategy, runs, best, tolerance)
+    # Medians, not the optimistic values: what separates strategies that are as fast within noise.
+    gaps = [min(shortfall(runs.value(strategy, ds, q), best[ds][q][0]), 1.0)
+            for ds in sorted(runs.datasets_of(strategy)) for q in STEP_QUALITY if q in best.get(ds, {})]
     missing = [ds for ds in runs.datasets if ds not in runs.datasets_of(strategy)]
     reasons = [failure] if failure else []
     if missing:
@@ -558,33 +582,56 @@ def _strategy_row(strategy: str, runs: _Runs, best: dict, eligible: bool, failur
     return dict(strategy=strategy, preset=names.get(strategy, ""),
                 time_ms=1e3 * runs.over_datasets(strategy, "t_total"),
                 x_floor=runs.over_datasets(strategy, "x_floor"), eligible=eligible,
-                qualifies=eligible and not misses, worst_shortfall=worst, misses=data, reason="; ".join(reasons))
+                qualifies=eligible and not misses, worst_shortfall=worst,
+                mean_shortfall=float(np.mean(gaps)) if gaps else math.nan, misses=data, reason="; ".join(reasons))
 
 
-def _choose(table: pd.DataFrame, key: str) -> tuple[str | None, bool]:
-    """``(choice, fallback)``: the fastest qualifying strategy, else the eligible one that qualifies first as the
-    tolerance is raised (rule steps 4 and 5); ``(None, False)`` when none is eligible."""
+def as_fast(table: pd.DataFrame, key: str) -> dict[str, float]:
+    """The qualifying strategies as fast as the front-runner (rule step 5), each with its time as a multiple of
+    the front-runner's (the front-runner first, at 1). ``table`` is sorted by time."""
     qualifying = table[table.qualifies]
-    if len(qualifying):
-        return qualifying.iloc[0].strategy, False
+    if qualifying.empty:
+        return {}
+    front = float(qualifying.iloc[0][key])
+    return {r.strategy: float(getattr(r, key)) / front for r in qualifying.itertuples()
+            if getattr(r, key) <= (1 + TIME_TOLERANCE) * front}
+
+
+def _choose(table: pd.DataFrame, key: str, tied: dict[str, float]) -> tuple[str | None, bool]:
+    """``(choice, fallback)``: of the strategies as fast as the front-runner (``tied``), the closest to the best;
+    else the eligible one that qualifies first as the tolerance is raised (rule steps 4 to 6); ``(None, False)``
+    when none is eligible."""
+    if tied:
+        candidates = table[table.strategy.isin(list(tied))]
+        return candidates.sort_values(["mean_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, False
     eligible = table[table.eligible]
     if len(eligible):
         return eligible.sort_values(["worst_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, True
     return None, False
 
 
-def _explain_choice(table: pd.DataFrame, chosen: str, fallback: bool, key: str) -> None:
-    """Give the choice, and every qualifying strategy it beat on time, their reasons (in ``table``, in place)."""
-    k_chosen = float(table.loc[table.strategy == chosen, key].iloc[0])
+def _explain_choice(table: pd.DataFrame, chosen: str, fallback: bool, key: str, tied: dict[str, float]) -> None:
+    """Give the choice, and every qualifying strategy it beat, their reasons (in ``table``, in place)."""
+    mine = table.loc[table.strategy == chosen].iloc[0]
+    front = float(table.loc[table.qualifies, key].min()) if table.qualifies.any() else math.nan
     unit = " ms" if key == "time_ms" else "× the floor"
     for i, r in table.iterrows():
         if r.strategy == chosen:
             table.at[i, "reason"] = "chosen" + (
                 f" (fallback: nothing qualifies; qualifies from a tolerance of {100 * r.worst_shortfall:.1f}%)"
                 if fallback else "")
+        elif r.strategy in tied:
+            gaps = f"{100 * r.mean_shortfall:.2f}% vs {100 * mine.mean_shortfall:.2f}%"
+            lost = (f"further from the best: mean shortfall in optimality and path efficiency {gaps}"
+                    if r.mean_shortfall > mine.mean_shortfall else
+                    f"as close to the best (mean shortfall {gaps}) and "
+                    + ("slower" if r[key] > mine[key] else "after it in spec order"))
+            table.at[i, "reason"] = (f"qualifies and is as fast ({r[key]:.3g}{unit} vs {mine[key]:.3g}{unit}; both "
+                                     f"within {100 * TIME_TOLERANCE:g}% of the fastest) but {lost}")
         elif r.qualifies:
-            table.at[i, "reason"] = (f"qualifies but slower: {r[key]:.3g}{unit} vs {k_chosen:.3g}{unit} "
-                                     f"({r[key] / k_chosen:.2f}×)")
+            table.at[i, "reason"] = (f"qualifies but slower: {r[key]:.3g}{unit} vs {mine[key]:.3g}{unit} "
+                                     f"({r[key] / mine[key]:.2f}×; more than {100 * TIME_TOLERANCE:g}% above the "
+                                     f"fastest qualifying strategy's {front:.3g}{unit})")
 
 
 def _evidence(chosen: str, fallback: bool, runs: _Runs, best: dict, ref: pd.DataFrame, table: pd.DataFrame,

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 import strategies
-from harness.measure import RunConfig, measure
+from harness.measure import RunConfig, measure, site_of, step_quality
 from harness.runner.sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET, run_spec
 from strategies.timing import synchronize
 
@@ -129,6 +129,51 @@ def scale_rows(device: str, repeats: int, cache_dir: str | None, widths: list[in
     return pd.DataFrame(rows)
 
 
+#: Randomised SVD sketches compared with a full SVD on the scale set: (oversample, power iterations);
+#: torch's own defaults first, then the truncation's defaults, then a larger sketch.
+SKETCHES = ((8, 2), (16, 4), (32, 4))
+
+
+def sketch_rows(device: str, cache_dir: str | None, widths: list[int] | None = None,
+                sketches: tuple[tuple[int, int], ...] = SKETCHES) -> pd.DataFrame:
+    """The step's optimality with a randomised SVD of each sketch against the same step with a full SVD
+    (``gram/solve/*+metric/normal:bracket``) on the scale set, one row per (width, sketch); ``loss`` is
+    the relative optimality lost to the full SVD."""
+    if widths is None:
+        widths = [d for d in SCALE_SET if d >= 256 and (device == "cuda" or d <= CPU_MAX_SCALE)]
+    rows = []
+    for d_e in widths:
+        b, d_s, d_k, p = SCALE_SET[d_e]
+        cfg = RunConfig(strategy="gram/solve/full+metric/normal:bracket", dataset="teacher", d_s=d_s, d_e=d_e, b=b,
+                        d_k=d_k, p=p, n_batches=1, repeats=1, warmup_steps=20, device=device)
+        site = site_of(cfg, cache_dir)
+        full = None
+        for sketch in (None, *sketches):
+            spec = f"gram/solve/{'full' if sketch is None else 'rsvd'}+metric/normal:bracket"
+            options = {} if sketch is None else {"truncation": {"oversample": sketch[0], "n_iter": sketch[1]}}
+            r, q = step_quality(strategies.make(spec, **options), site, cfg, cache_dir)
+            full = q["optimality"] if sketch is None else full
+            rows.append({"d_e": d_e, "sketch": "full SVD" if sketch is None else f"rsvd {sketch[0]}/{sketch[1]}",
+                         "optimality": q["optimality"], "loss": 1 - q["optimality"] / full,
+                         "t_truncation_ms": 1e3 * r.timings["truncation"]})
+    return pd.DataFrame(rows)
+
+
+def sketch_verdicts(rows: pd.DataFrame, device: str) -> list[str]:
+    """The truncation's own sketch within 1% of a full SVD's step optimality at every width."""
+    trunc = strategies.REGISTRY["truncation"]["rsvd"]()
+    own = f"rsvd {trunc.oversample}/{trunc.n_iter}"
+    lines = []
+    for d_e, g in rows.groupby("d_e"):
+        g = g.set_index("sketch")
+        if own in g.index:
+            loss = g.loc[own, "loss"]
+            lines.append(f"| {device} d_e={d_e}: {own} step optimality within 1% of a full SVD's | "
+                         f"{g.loc[own, 'optimality']:.4f} vs {g.loc['full SVD', 'optimality']:.4f} "
+                         f"({-100 * loss:+.2f}%) | {'yes' if loss <= 0.01 else 'no'} |")
+    return lines
+
+
 def scale_verdicts(rows: pd.DataFrame, device: str) -> list[str]:
     """The scale set's targets as table lines: default ≤ 3× floor (≤ 8× at d_e = 64) on CUDA, path efficiency
     ≥ 95%, optimality within 1% of the best candidate, at every width."""
@@ -167,6 +212,12 @@ def run_targets(repeats: int = 5, device: str = "cpu", cache_dir: str | None = "
         lines.append("")
         lines.append("```\n" + rows.drop(columns=["spec", "fallback"]).to_string(
             index=False, float_format=lambda x: f"{x:.4g}") + "\n```")
+        lines.append("")
+        sketches = sketch_rows(device, cache_dir)
+        for line in sketch_verdicts(sketches, device):
+            lines.append(line)
+        lines.append("")
+        lines.append("```\n" + sketches.to_string(index=False, float_format=lambda x: f"{x:.4g}") + "\n```")
         lines.append("")
     for d_e, cands in ((64, CANDIDATES), (256, WIDE_CANDIDATES)):
         g = growth_rows(d_e, repeats, device, cache_dir, cands).set_index("name")

@@ -175,7 +175,8 @@ def test_metrics_reject_bad_dZ():
         metrics.optimality(G, X, with_bad(torch.eye(D_E, dtype=DT), math.nan))
 
 
-SOLVE_SPECS = ["gram/solve/full/fast:grid", "default", "formula4", "per-sample/solve/rsvd/normal:newton",
+SOLVE_SPECS = ["gram/solve/full/fast:grid", "gram/solve/rsvd+metric/normal:bracket", "formula4",
+               "per-sample/solve/rsvd/normal:newton",
                "mean-input/solve/full+metric/fast:bounded", "joint/solve/full/normal:grid"]
 
 

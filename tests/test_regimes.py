@@ -19,7 +19,7 @@ import strategies
 import strategies.spec as reg
 from harness import recommend as R
 from harness.cli import main as cli_main
-from harness.runner.sweep import expand, run_spec
+from harness.runner.sweep import ABLATION_CENTRE, expand, one_axis_variants, run_spec, sweep_presets
 from strategies.regimes import Regime, all_regimes, device_kind, nearest
 from tests.test_report import row, write_db
 
@@ -151,6 +151,25 @@ def test_sweep_resolves_default_per_configuration(regimes_file):
     assert run_spec("default", "cuda", 2048) == LARGE and run_spec("formula2", "cpu", 8) == "gram/pinv/full/normal:grid"
 
 
+def test_the_presets_do_not_move_with_the_default(regimes_file, monkeypatch):
+    # A choice written from a preset's runs is one of those runs: writing it must not change which runs
+    # the preset holds, or the database it came from would no longer be that preset's.
+    def quick_runs() -> set[tuple]:
+        return {(c.strategy, c.dataset, c.d_e, c.seed) for c in expand(sweep_presets()["quick"])}
+
+    seen = {}
+    for small in (ABLATION_CENTRE, "gram/pinv/full+metric/fast:quadratic", "gram/solve/full+metric/normal:quadratic"):
+        chosen = regimes_file.parent / f"{len(seen)}.json"
+        chosen.write_text(json.dumps({"rule": "test", "regimes": {"cpu/small": {"spec": small},
+                                                                  "cpu/medium": {"spec": MEDIUM}}}))
+        monkeypatch.setattr(reg, "DEFAULT_FILE", str(chosen))
+        assert strategies.default_spec() == small
+        seen[small] = quick_runs()
+    first = seen[ABLATION_CENTRE]
+    assert {s for s, *_ in first} >= {ABLATION_CENTRE, *one_axis_variants(ABLATION_CENTRE)}
+    assert all(runs == first for runs in seen.values())
+
+
 # ------------------------------------------------------------------ the noise-aware rule
 @pytest.mark.parametrize("diffs", [[0.1, -0.2, 0.05], [1.0, 2.0, 4.0, 8.0], [-0.3, -0.31, -0.29, -0.5, 0.2]])
 def test_paired_interval_is_students_t(diffs):
@@ -190,6 +209,41 @@ def test_noise_does_not_disqualify_but_a_consistent_shortfall_does(tmp_path):
     assert "optimality 0.872 vs 0.9" in reason and "over 3 seeds" in reason
     diff = rec.evidence["A"]["optimality_difference"]
     assert diff[3] == 3 and diff[1] < 0 < diff[2]
+
+
+FRONT, CLOSE, SLOW = ("gram/solve/full+metric/fast:newton", "gram/solve/full+metric/normal:quadratic",
+                      "gram/solve/full+metric/normal:grid")
+
+
+def _tie_rows(t_close: float) -> list[dict]:
+    """FRONT (fastest, optimality 1.5 % short of the best), CLOSE (``t_close`` s, at the best),
+    SLOW (10 % slower than FRONT, at the best): all three qualify."""
+    rows = []
+    for ds in ("A", "B"):
+        for seed in range(3):
+            jitter = 1 + 0.01 * (seed - 1)  # timing noise, different on every seed
+            for strategy, t, opt in ((FRONT, 0.0100, 0.8865), (CLOSE, t_close, 0.90), (SLOW, 0.0110, 0.90)):
+                rows.append(row(strategy, ds, seed=seed, t=t * jitter, opt=opt + 0.0001 * seed))
+    return rows
+
+
+def test_as_fast_as_the_front_runner_then_closest_to_the_best(tmp_path):
+    # CLOSE is 3 % slower than FRONT, within the 5 % that timing noise spans: the closer to the best wins.
+    rec = R.recommend(R.load_frame(write_db(tmp_path / "r.sqlite", _tie_rows(0.0103))))
+    assert rec.spec == CLOSE and not rec.fallback
+    assert set(rec.as_fast) == {FRONT, CLOSE} and rec.as_fast[CLOSE] == pytest.approx(1.03)
+    reasons = rec.table.set_index("strategy").reason
+    assert reasons[FRONT].startswith("qualifies and is as fast (10 ms vs 10.3 ms")
+    assert "mean shortfall in optimality and path efficiency 0.75% vs 0.00%" in reasons[FRONT]
+    assert reasons[SLOW].startswith("qualifies but slower: 11 ms vs 10.3 ms") and "fastest qualifying" in reasons[SLOW]
+    assert rec.evidence["mean_shortfall"] == 0.0
+
+
+def test_a_speed_up_beyond_the_time_tolerance_wins_over_quality(tmp_path):
+    # CLOSE is now 8 % slower than FRONT: FRONT is the faster beyond noise, and qualifies.
+    rec = R.recommend(R.load_frame(write_db(tmp_path / "r.sqlite", _tie_rows(0.0108))))
+    assert rec.spec == FRONT and list(rec.as_fast) == [FRONT]
+    assert rec.table.set_index("strategy").reason[CLOSE].startswith("qualifies but slower: 10.8 ms vs 10 ms (1.08×")
 
 
 def test_path_efficiency_counts_and_is_capped_at_one(tmp_path):

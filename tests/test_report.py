@@ -83,7 +83,7 @@ def fixture_rows() -> list[dict]:
                 extra = {"lambda_curve": lambda_curve(2.0)}
                 if s == spec_of("formula2"):
                     extra["formula_gap"] = {"rel_diff": 0.05, "score_cosine": 0.99}
-                lam = {"grid": 2.1, "bounded": 1.95, "newton": 2.0}[c["method"]]
+                lam = {"grid": 2.1, "bounded": 1.95, "newton": 2.0, "quadratic": 2.05, "bracket": 1.98}[c["method"]]
                 for device, f in (("cpu", 1.0), ("cuda", 0.2)):
                     if device == "cuda" and seed:
                         continue

@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from harness.recommend import QUALITY_NAMES, Recommendation, preset_names
+from harness.recommend import QUALITY_NAMES, TIME_TOLERANCE, Recommendation, preset_names
 from harness.report.figures.ablation import ablation_pairs, ablation_summary
 from harness.report.names import short_label
 from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
@@ -40,7 +40,9 @@ def _use(rec: Recommendation | None, error: str | None) -> Bullet:
                f"{_percent(rec.evidence.get('qualifies_from_tolerance'))}), at {time}.")
     else:
         why = (f": the fastest growth strategy whose optimality, path efficiency and held-out loss decrease are "
-               f"within {100 * rec.tolerance:g}% of the best on every dataset, beyond seed noise, at {time}.")
+               f"within {100 * rec.tolerance:g}% of the best on every dataset, beyond seed noise (times within "
+               f"{100 * TIME_TOLERANCE:g}% of the fastest count as equal, and then the closer to the best wins), "
+               f"at {time}.")
     return Bullet((Span("Use", "strong"), " ", Span(rec.spec, "code"), f" ({name}){why}"))
 
 
@@ -68,7 +70,8 @@ def _quality_exceptions(rec: Recommendation) -> list[str]:
 def _faster(rec: Recommendation) -> list[str]:
     """The fastest growth strategy, when it is not the choice: what its speed costs."""
     first = rec.table.iloc[0] if len(rec.table) else None
-    if first is None or first.strategy == rec.spec or not math.isfinite(first.time_ms):
+    if first is None or first.strategy == rec.spec or first.strategy in rec.as_fast \
+            or not math.isfinite(first.time_ms):  # as fast as the choice: its speed costs nothing to give up
         return []
     chosen = rec.evidence["median_time_ms"]
     cost = (f"falls up to {100 * first.worst_shortfall:.0f}% short of the best on a dataset"
