@@ -613,7 +613,7 @@ def _choose(table: pd.DataFrame, key: str, tied: dict[str, float]) -> tuple[str 
 def _explain_choice(table: pd.DataFrame, chosen: str, fallback: bool, key: str, tied: dict[str, float]) -> None:
     """Give the choice, and every qualifying strategy it beat, their reasons (in ``table``, in place)."""
     mine = table.loc[table.strategy == chosen].iloc[0]
-    front = float(table.loc[table.qualifies, key].min()) if table.qualifies.any() else math.nan
+    front = mine[key] / tied[chosen] if chosen in tied else math.nan  # the front-runner's time
     unit = " ms" if key == "time_ms" else "× the floor"
     for i, r in table.iterrows():
         if r.strategy == chosen:
