@@ -259,3 +259,37 @@ def test_host_syncs_are_counted_and_bounded_by_the_loss_calls(spec):
     # grow evaluates loss0 outside the step (and loss_after when the step did not).
     inside = r.n_loss_evals - 1 - (0 if "normal" in spec or "fast" in spec and r.lam > 0 else 1)
     assert inside <= r.info["host_syncs"] <= inside + 4, (r.info, r.n_loss_evals)
+
+
+def _steep_path(m: float, k: int) -> strategies.SearchProblem:
+    """A fast path whose loss is ``φ(λ) = 1 − λ/m + (λ/m)^k / k``: minimiser ``λ = m``, known decrease ``1 − 1/k``,
+    flat before it and a cliff after it (the shape of the truncated path at d_e = 1024)."""
+    def loss(S):
+        x = S.sum() / m
+        return 1 - x + x**k / k
+
+    z = torch.zeros(1, 1, 1, dtype=torch.float64)
+    return strategies.SearchProblem(loss=loss, X=z, Z=z[0], P_hat=z[0], S0=z, D_hat=-torch.ones_like(z), loss0=1.0,
+                                    truncate=None, lam_unit=1.0, slope0=-1.0 / m)
+
+
+@pytest.mark.parametrize("m", [0.07, 0.3, 3.0, 30.0])
+@pytest.mark.parametrize("k", [4, 8, 16])
+def test_brent_inside_the_bracket_reaches_the_known_minimum_of_a_steep_path(m, k):
+    """Known optimum: with enough iterations the bracket search finds ``λ = m``; more iterations never do worse,
+    and each costs at most one trial."""
+    prob = _steep_path(m, k)
+    decrease, trials = {}, {}
+    for n in (1, 3, 10):
+        info = {}
+        lam, v = strategies.line_search.FastSearch("bracket", refine_steps=n).search(prob, [], info)
+        assert v == pytest.approx(float(prob.loss(torch.tensor(lam, dtype=torch.float64))), rel=1e-12)
+        decrease[n], trials[n] = prob.loss0 - v, info["bracket_trials"]
+    assert decrease[10] >= 0.99 * (1 - 1 / k), decrease
+    assert decrease[1] <= decrease[3] <= decrease[10], decrease
+    assert trials[3] <= trials[1] + 2 and trials[10] <= trials[1] + 9, trials
+
+
+def test_refine_steps_must_be_positive():
+    with pytest.raises(ValueError, match="refine_steps"):
+        strategies.line_search.FastSearch("bracket", refine_steps=0)
