@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -240,7 +241,7 @@ def connect_write(path: str | Path, create: Callable[[sqlite3.Connection], None]
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.commit()
-        conn.execute("PRAGMA journal_mode=WAL")  # not allowed inside a transaction; the file is ours now
+        _use_wal(conn)  # not allowed inside a transaction; the file is ours now
         return conn
     except DatabaseFileError:
         conn.rollback()
@@ -250,6 +251,26 @@ def connect_write(path: str | Path, create: Callable[[sqlite3.Connection], None]
         if conn is not None:
             conn.close()
         raise DatabaseFileError(f"{path}: cannot write the database: {e}") from e
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL mode, waiting up to :data:`TIMEOUT_S` for the other connections.
+
+    The switch needs the file to itself for a moment, and SQLite answers "database is
+    locked" at once, without its busy handler, while another connection is in a
+    transaction: 8 threads creating one new file together left 27 failed opens in 150
+    tries. WAL mode is stored in the file, so once any connection has switched, the
+    others' switch is a no-op.
+    """
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def check_output_file(path: str | Path) -> None:
