@@ -37,6 +37,7 @@ from .timing import timed
 METHODS = ("grid", "bounded", "newton", "quadratic", "bracket")
 #: Brent's tolerance inside the bracket on ``log λ``: it stops once λ is known to about ±5%.
 BRENT_LOG_TOL = 0.05
+#: Where the bracket search's coordinate ``log(λ/λ_1) + BRENT_OFFSET`` starts (see ``_bracket``).
 BRENT_OFFSET = 100.0
 
 
@@ -192,44 +193,39 @@ class LineSearch(ABC):
         if not (math.isfinite(g0) and g0 < 0):
             log.append(f"bracket: slope {g0:.3g} at λ=0 is not a descent; λ = 0")
             return 0.0, f0
+        lam1 = min(prob.lam_unit, f0 / -g0) if f0 > 0 else prob.lam_unit
+        # The search runs on u = log(λ/λ_1) + BRENT_OFFSET: scipy's Brent tolerance is relative
+        # to |u|, so near BRENT_OFFSET it is an absolute tolerance on log λ.
         seen: dict[float, float] = {}
 
-        def phi_log(t: float) -> float:
-            if t not in seen:
-                seen[t] = self.phi(prob, math.exp(t))
-            return seen[t]
+        def lam_at(u: float) -> float:
+            return lam1 * math.exp(u - BRENT_OFFSET)
 
-        lam1 = min(prob.lam_unit, f0 / -g0) if f0 > 0 else prob.lam_unit
-        v1 = phi_log(math.log(lam1))
+        def phi_u(u: float) -> float:
+            if u not in seen:  # the bracket's points are cached: Brent's method pays only for new trials
+                seen[u] = self.phi(prob, lam_at(u))
+            return seen[u]
+
+        v1 = phi_u(BRENT_OFFSET)
         curv = 2 * (v1 - f0 - g0 * lam1) / lam1**2 if math.isfinite(v1) else math.inf
         lam2 = -g0 / curv if curv > 0 else 4 * lam1
         # Keep the second trial distinct from the first and within two decades of it.
         ratio = min(max(lam2 / lam1, 1e-2), 1e2)
         if abs(math.log(ratio)) < math.log(1.5):
             ratio = 2.0 if v1 < f0 else 0.25
-        t1, t2 = math.log(lam1), math.log(lam1 * ratio)
         try:
-            ta, tb, tc, fa, fb, fc, _ = scipy_bracket(phi_log, xa=t1, xb=t2, maxiter=self.max_expand)
+            ua, ub, uc, fa, fb, fc, _ = scipy_bracket(phi_u, xa=BRENT_OFFSET, xb=BRENT_OFFSET + math.log(ratio),
+                                                      maxiter=self.max_expand)
             if fb < min(fa, fc):
-                # scipy's Brent tolerance is relative to |x|: on u = t - t_b + BRENT_OFFSET it is
-                # (nearly) an absolute tolerance on log λ. The bracket's points are cached, so
-                # Brent's method pays only for its new trials.
-                at_u = {t - tb + BRENT_OFFSET: seen[t] for t in (ta, tb, tc)}
-
-                def phi_u(u: float) -> float:
-                    return at_u[u] if u in at_u else phi_log(u - BRENT_OFFSET + tb)
-
-                lo, hi = sorted((ta, tc))
-                minimize_scalar(phi_u, bracket=(lo - tb + BRENT_OFFSET, BRENT_OFFSET, hi - tb + BRENT_OFFSET),
-                                method="brent", options={"maxiter": self.refine_steps,
-                                                         "xtol": BRENT_LOG_TOL / BRENT_OFFSET})
+                minimize_scalar(phi_u, bracket=(min(ua, uc), ub, max(ua, uc)), method="brent",
+                                options={"maxiter": self.refine_steps, "xtol": BRENT_LOG_TOL / BRENT_OFFSET})
         except (RuntimeError, ValueError) as err:  # no bracket within max_expand: keep the best point seen
             log.append(f"bracket: no bracket after {self.max_expand} expansions ({type(err).__name__}); "
                        "kept the best point seen")
-        t_best = min(seen, key=seen.get)
+        u_best = min(seen, key=seen.get)
         info["bracket_trials"] = len(seen)
-        lam, v = math.exp(t_best), seen[t_best]
-        return (lam, v) if v < f0 else self._backtrack(prob, min(math.exp(t) for t in seen), log, "bracket")
+        lam, v = lam_at(u_best), seen[u_best]
+        return (lam, v) if v < f0 else self._backtrack(prob, lam_at(min(seen)), log, "bracket")
 
     def _quadratic(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
         """Minimise the quadratic through ``φ(0)``, ``φ'(0)`` and one trial; ``newton_steps`` refits.
