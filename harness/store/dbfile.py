@@ -268,7 +268,7 @@ def _use_wal(conn: sqlite3.Connection) -> None:
             conn.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or time.monotonic() > deadline:
+            if e.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
 
