@@ -23,7 +23,10 @@ The rule (:data:`RULE`), applied by :func:`recommend` to the runs of one regime
    *within the tolerance* when its most favourable value within noise, ``best + high``
    (``high``: the interval's upper bound), is ``>= best - 0.02 * |best|``: noise never
    disqualifies a candidate that may be as good, and a loss bigger than 2 % beyond noise
-   always does. A strategy *qualifies* when it is within on every dataset and measure.
+   always does. Path efficiency also has a floor: at least 95 % (:data:`PATH_EFFICIENCY_FLOOR`) on
+   every seed of every dataset. It is exact for a seed, so one seed's miss is a miss of the search,
+   not noise, and a downstream user meets single problems, not medians. A strategy *qualifies* when
+   it is within on every dataset and measure and above the floor on every seed.
 5. **Speed, within noise.** Time is ``t_total`` (the growth, statistics included): the
    median over seeds per dataset, then the **median of these per-dataset medians**. The
    fastest qualifying strategy by this measure is the *front-runner*; a qualifying strategy
@@ -37,10 +40,10 @@ The rule (:data:`RULE`), applied by :func:`recommend` to the runs of one regime
    noise of a rerun. ``time_metric="x_floor"`` ranks by ``t_total / t_floor`` instead (a
    robustness check on a shared machine, not the documented rule).
 6. **Fallback.** If no eligible strategy qualifies, the eligible strategy with the
-   smallest worst shortfall beyond noise is returned (the first to qualify as the
-   tolerance is raised; ties: the faster), flagged ``fallback``, with the datasets and
-   measures that forced it (``forced_by``); ``growbench recommend --write`` then refuses
-   unless ``--force``.
+   smallest worst shortfall is returned (from the best beyond noise, or from the path
+   efficiency floor: the first to qualify as both are relaxed; ties: the faster), flagged
+   ``fallback``, with the datasets and measures that forced it (``forced_by``);
+   ``growbench recommend --write`` then refuses unless ``--force``.
 
 The evidence (per-dataset medians against the best, with the paired intervals) and every
 runner-up, with the reason it lost, come with each choice.
@@ -65,6 +68,8 @@ from strategies.regimes import Regime, all_regimes
 from strategies.spec import REFERENCE_REGIME, check_default_choice
 
 TOLERANCE = 0.02
+#: The least path efficiency a qualifying strategy reaches on every seed of every dataset (rule step 4).
+PATH_EFFICIENCY_FLOOR = 0.95
 #: How much slower than the fastest qualifying strategy another may be and still count as as fast (rule step 5).
 TIME_TOLERANCE = 0.05
 #: Confidence of the paired-difference intervals.
@@ -82,7 +87,8 @@ RULE = (
     "a run of the regime and that ran every seed of every dataset of it, choose the fastest by the median over "
     "datasets of the per-dataset median {metric}, whose optimality, path efficiency and held-out loss decrease "
     "are, on every dataset, within {tol:g}% of the best eligible strategy's beyond noise: best + (upper bound of "
-    "the {conf:g}% t interval of the paired differences over seeds) >= best - {frac:g}*|best|. Per dataset only "
+    "the {conf:g}% t interval of the paired differences over seeds) >= best - {frac:g}*|best|, and whose path "
+    "efficiency is at least {floor:g}% on every seed of every dataset. Per dataset only "
     "its reference configuration counts: the sizes/settings/device group with the most strategies. The best is "
     "the highest median over seeds. Strategies within {time_tol:g}% of the fastest qualifying one's time count as "
     "as fast; among them the one with the smallest mean shortfall of its optimality and path efficiency medians "
@@ -98,7 +104,7 @@ def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total", confid
     """The rule in one paragraph, with the tolerance and confidence filled in."""
     metric = "t_total" if time_metric == "t_total" else "t_total/t_floor (x_floor)"
     return RULE.format(tol=100 * tolerance, frac=tolerance, metric=metric, conf=100 * confidence,
-                       time_tol=100 * TIME_TOLERANCE)
+                       time_tol=100 * TIME_TOLERANCE, floor=100 * PATH_EFFICIENCY_FLOOR)
 
 
 # ------------------------------------------------------------------ loading
@@ -487,6 +493,11 @@ class _Runs:
         ab = self._by_seed(strategy, best, dataset, column)
         return float(ab.a.median()), float(ab.b.median())
 
+    def worst_seed(self, strategy: str, dataset: str, column: str) -> tuple[float, int]:
+        """The lowest value of ``column`` of ``strategy`` over its seeds on ``dataset``, and that seed."""
+        by_seed = self.per_seed.loc[(strategy, dataset), column]
+        return float(by_seed.min()), int(by_seed.idxmin())
+
     def missing_seeds(self) -> dict[str, str]:
         """``{strategy: "ran 1 of 3 seeds on <dataset>"}`` for strategies without every seed of a dataset's
         reference runs: they cannot be paired seed by seed with the others."""
@@ -536,7 +547,8 @@ def _quality_misses(strategy: str, runs: _Runs, best: dict, tolerance: float) ->
 
     On each dataset and measure the candidate's most favourable value within noise is
     ``best + high`` (``high``: the upper bound of the paired difference); it must be within
-    the tolerance of the best.
+    the tolerance of the best. Its path efficiency on its worst seed must reach
+    :data:`PATH_EFFICIENCY_FLOOR`; a miss counts its shortfall from the floor.
     """
     worst, text, data = 0.0, [], []
     have = runs.datasets_of(strategy)
@@ -561,6 +573,13 @@ def _quality_misses(strategy: str, runs: _Runs, best: dict, tolerance: float) ->
                 data.append({"dataset": ds, "measure": q, "value": _num(v), "best": _num(b), "best_strategy": who,
                              "difference": _num(pair.mean), "interval": [_num(pair.low), _num(pair.high)],
                              "seeds": pair.n})
+        lowest, seed = runs.worst_seed(strategy, ds, "path_efficiency")
+        if lowest < PATH_EFFICIENCY_FLOOR:
+            worst = max(worst, shortfall(lowest, PATH_EFFICIENCY_FLOOR))
+            short.append(f"path efficiency {lowest:.3g} on seed {seed}, below the floor of "
+                         f"{100 * PATH_EFFICIENCY_FLOOR:g}%")
+            data.append({"dataset": ds, "measure": "path_efficiency", "value": _num(lowest),
+                         "best": PATH_EFFICIENCY_FLOOR, "best_strategy": "the floor", "seed": seed})
         if short:
             text.append(f"{ds}: {', '.join(short)}")
     return worst, text, data
@@ -578,7 +597,8 @@ def _strategy_row(strategy: str, runs: _Runs, best: dict, eligible: bool, failur
     if missing:
         reasons.append(f"no run on {', '.join(missing)}")
     if misses:
-        reasons.append(f"more than {100 * tolerance:g}% short of the best beyond noise on " + "; ".join(misses))
+        reasons.append(f"more than {100 * tolerance:g}% short of the best beyond noise, or under the path "
+                       f"efficiency floor, on " + "; ".join(misses))
     return dict(strategy=strategy, preset=names.get(strategy, ""),
                 time_ms=1e3 * runs.over_datasets(strategy, "t_total"),
                 x_floor=runs.over_datasets(strategy, "x_floor"), eligible=eligible,
@@ -618,10 +638,11 @@ def _explain_choice(table: pd.DataFrame, chosen: str, fallback: bool, key: str, 
     for i, r in table.iterrows():
         if r.strategy == chosen:
             table.at[i, "reason"] = "chosen" + (
-                f" (fallback: nothing qualifies; qualifies from a tolerance of {100 * r.worst_shortfall:.1f}%)"
+                f" (fallback: nothing qualifies; its worst shortfall, from the best beyond noise or from the floor, "
+                f"is {100 * r.worst_shortfall:.1f}%)"
                 if fallback else "")
         elif r.strategy in tied:
-            gaps = f"{100 * r.mean_shortfall:.2f}% vs {100 * mine.mean_shortfall:.2f}%"
+            gaps = " vs ".join(_distinct_percents(r.mean_shortfall, mine.mean_shortfall))
             lost = (f"further from the best: mean shortfall in optimality and path efficiency {gaps}"
                     if r.mean_shortfall > mine.mean_shortfall else
                     f"as close to the best (mean shortfall {gaps}) and "
@@ -632,6 +653,16 @@ def _explain_choice(table: pd.DataFrame, chosen: str, fallback: bool, key: str, 
             table.at[i, "reason"] = (f"qualifies but slower: {r[key]:.3g}{unit} vs {mine[key]:.3g}{unit} "
                                      f"({r[key] / mine[key]:.2f}×; more than {100 * TIME_TOLERANCE:g}% above the "
                                      f"fastest qualifying strategy's {front:.3g}{unit})")
+
+
+def _distinct_percents(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` as percentages with two decimals, or with as many more (up to six) as it takes for two
+    different values not to read as equal (a tie broken at the fourth decimal must not print "4.37% vs 4.37%")."""
+    for decimals in range(2, 7):
+        pa, pb = f"{100 * a:.{decimals}f}%", f"{100 * b:.{decimals}f}%"
+        if pa != pb or a == b:
+            break
+    return pa, pb
 
 
 def _evidence(chosen: str, fallback: bool, runs: _Runs, best: dict, ref: pd.DataFrame, table: pd.DataFrame,
@@ -681,8 +712,8 @@ def format_text(rec: Recommendation) -> str:
         lines.append(f"  median over datasets of per-dataset median t_total: {rec.evidence['median_time_ms']:.3g} ms; "
                      f"of t_total/t_floor: {rec.evidence['median_x_floor']:.3g}×")
         if rec.fallback:
-            lines.append(f"  no eligible strategy is within {100 * rec.tolerance:g}% everywhere beyond noise; this one "
-                         "qualifies first as the tolerance is raised (from "
+            lines.append(f"  no eligible strategy is within {100 * rec.tolerance:g}% everywhere beyond noise and above "
+                         "the path efficiency floor; this one has the smallest worst shortfall ("
                          f"{100 * rec.evidence['qualifies_from_tolerance']:.1f}%), forced by: "
                          + "; ".join(f"{f['dataset']} {QUALITY_NAMES[f['measure']]}" for f in rec.forced_by))
         lines.append("evidence (medians over seeds; best = best eligible strategy on that dataset):")

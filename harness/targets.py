@@ -15,6 +15,7 @@ import torch
 
 import strategies
 from harness.measure import RunConfig, measure, site_of, step_quality
+from harness.recommend import PATH_EFFICIENCY_FLOOR
 from harness.runner.sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET, run_spec
 from strategies.timing import synchronize
 
@@ -186,7 +187,7 @@ def scale_verdicts(rows: pd.DataFrame, device: str) -> list[str]:
             lines.append(f"| cuda d_e={d_e}: default ≤ {limit}× its floor | {d.x_floor:.2f}× ({d.t_total_ms:.1f} vs "
                          f"{d.t_floor_ms:.2f} ms) | {'yes' if d.x_floor <= limit else 'no'} |")
         lines.append(f"| {device} d_e={d_e}: default path efficiency ≥ 95% | {100 * d.path_efficiency:.1f}% | "
-                     f"{'yes' if d.path_efficiency >= 0.95 else 'no'} |")
+                     f"{'yes' if d.path_efficiency >= PATH_EFFICIENCY_FLOOR else 'no'} |")
         lines.append(f"| {device} d_e={d_e}: default optimality within 1% of best | {d.optimality:.4f} vs "
                      f"{best:.4f} ({g.optimality.idxmax()}) | {'yes' if d.optimality >= 0.99 * best else 'no'} |")
     return lines

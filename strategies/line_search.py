@@ -9,8 +9,8 @@ method of :func:`scipy.optimize.minimize_scalar`, on ``log λ``), ``newton`` (fi
 second derivatives of the loss along the path by AD), ``quadratic`` (docs/mathematics.md §5: ``φ(0)``
 and ``φ'(0) = −⟨G, X P̂ Xᵀ⟩`` cost nothing, one trial λ fixes a quadratic model; no AD),
 ``bracket`` (the quadratic model's guess, then :func:`scipy.optimize.bracket` on ``log λ``
-and a few steps of Brent's method inside the bracket: reaches the path's best where the
-loss along the path is far from quadratic, in about six evaluations).
+and a few steps of Brent's method inside the bracket, more while it is wide: reaches the
+path's best where the loss along the path is far from quadratic, in six to ten evaluations).
 
 ``P̂`` is normalised so that ``‖X P̂ Xᵀ‖_F = 1`` over the batch: λ is the Frobenius norm
 of the (untruncated) score change. Searches are bracketed in units of
@@ -39,6 +39,11 @@ METHODS = ("grid", "bounded", "newton", "quadratic", "bracket")
 BRENT_LOG_TOL = 0.05
 #: Where the bracket search's coordinate ``log(λ/λ_1) + BRENT_OFFSET`` starts (see ``_bracket``).
 BRENT_OFFSET = 100.0
+#: Width on ``log λ`` of the bracket around the best trial (between its nearest trials on either side) above
+#: which the bracket search goes on refining after ``refine_steps``: λ known to within a factor of 2 in all.
+REFINE_LOG_WIDTH = math.log(2.0)
+#: How far the bracket search's second trial may be from its first (a factor on λ, either way).
+FIRST_JUMP = 10.0
 
 
 @dataclass
@@ -106,8 +111,12 @@ class LineSearch(ABC):
         Iterations of Brent's method inside the bracket (about one new trial each after
         the first). One parabolic step (what 1 gives) stopped at 95% of the dense scan's
         best at d_e = 1024, where the loss along the truncated path falls off a cliff just
-        past its minimum; three reached 99.5% for two more trials. A bracket many times
-        wider than the minimum's basin needs more (docs/mathematics.md §5.2).
+        past its minimum; three reached 99.5% for two more trials.
+    max_refine_steps : int
+        Iterations of Brent's method in all: after ``refine_steps``, the search goes on
+        while the bracket around the best trial is wider than a factor of 2 on λ
+        (:data:`REFINE_LOG_WIDTH`). A bracket many times wider than the minimum's basin
+        (a first guess a decade or more off) needs them (docs/mathematics.md §5.2).
     """
 
     name: str = ""
@@ -127,6 +136,7 @@ class LineSearch(ABC):
         max_backtrack: int = 8,
         max_expand: int = 6,
         refine_steps: int = 3,
+        max_refine_steps: int = 10,
     ) -> None:
         if method not in self.methods:
             raise ValueError(f"unknown search method {method!r}; valid: {', '.join(self.methods)}")
@@ -136,6 +146,8 @@ class LineSearch(ABC):
             raise ValueError(f"need 0 < lam_min < lam_max, got {lam_min}, {lam_max}")
         if newton_steps < 1 or maxiter < 1 or max_backtrack < 0 or max_expand < 1 or refine_steps < 1:
             raise ValueError("newton_steps, maxiter, max_expand and refine_steps must be >= 1, max_backtrack >= 0")
+        if max_refine_steps < refine_steps:
+            raise ValueError(f"max_refine_steps must be >= refine_steps, got {max_refine_steps} < {refine_steps}")
         self.method = method
         self.n_grid = n_grid
         self.lam_min = lam_min
@@ -145,6 +157,7 @@ class LineSearch(ABC):
         self.max_backtrack = max_backtrack
         self.max_expand = max_expand
         self.refine_steps = refine_steps
+        self.max_refine_steps = max_refine_steps
 
     @abstractmethod
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
@@ -186,8 +199,9 @@ class LineSearch(ABC):
         expansion (:func:`scipy.optimize.bracket`, golden-ratio steps with parabolic
         extrapolation) finds ``t_a < t_b < t_c`` with ``φ(t_b)`` below both ends; then
         ``refine_steps`` iterations of Brent's method (:func:`scipy.optimize.minimize_scalar`)
-        inside it. Working on ``log λ`` makes the expansion reach a minimiser several decades
-        from the first guess in a few steps.
+        inside it, and more, up to ``max_refine_steps`` in all, while the best trial's nearest
+        trials on either side are more than a factor of 2 apart. Working on ``log λ`` makes the
+        expansion reach a minimiser several decades from the first guess in a few steps.
         """
         f0, g0 = prob.loss0, prob.slope0
         if not (math.isfinite(g0) and g0 < 0):
@@ -209,16 +223,16 @@ class LineSearch(ABC):
         v1 = phi_u(BRENT_OFFSET)
         curv = 2 * (v1 - f0 - g0 * lam1) / lam1**2 if math.isfinite(v1) else math.inf
         lam2 = -g0 / curv if curv > 0 else 4 * lam1
-        # Keep the second trial distinct from the first and within two decades of it.
-        ratio = min(max(lam2 / lam1, 1e-2), 1e2)
+        # Keep the second trial distinct from the first and within a decade of it: a model fitted where the
+        # path is flat can point far past a cliff, and the bracket would then start too wide to refine.
+        ratio = min(max(lam2 / lam1, 1 / FIRST_JUMP), FIRST_JUMP)
         if abs(math.log(ratio)) < math.log(1.5):
             ratio = 2.0 if v1 < f0 else 0.25
         try:
             ua, ub, uc, fa, fb, fc, _ = scipy_bracket(phi_u, xa=BRENT_OFFSET, xb=BRENT_OFFSET + math.log(ratio),
                                                       maxiter=self.max_expand)
             if fb < min(fa, fc):
-                minimize_scalar(phi_u, bracket=(min(ua, uc), ub, max(ua, uc)), method="brent",
-                                options={"maxiter": self.refine_steps, "xtol": BRENT_LOG_TOL / BRENT_OFFSET})
+                self._refine(phi_u, (min(ua, uc), ub, max(ua, uc)), seen)
         except (RuntimeError, ValueError) as err:  # no bracket within max_expand: keep the best point seen
             log.append(f"bracket: no bracket after {self.max_expand} expansions ({type(err).__name__}); "
                        "kept the best point seen")
@@ -226,6 +240,26 @@ class LineSearch(ABC):
         info["bracket_trials"] = len(seen)
         lam, v = lam_at(u_best), seen[u_best]
         return (lam, v) if v < f0 else self._backtrack(prob, lam_at(min(seen)), log, "bracket")
+
+    def _refine(self, phi_u: Callable[[float], float], bracket: tuple[float, float, float],
+                seen: dict[float, float]) -> None:
+        """Brent's method inside ``bracket`` (on u, see :meth:`_bracket`): ``refine_steps`` iterations, then one at
+        a time from the bracket of the best trial, while that is wider than :data:`REFINE_LOG_WIDTH` and fewer
+        than ``max_refine_steps`` have run. ``phi_u`` records every trial in ``seen``."""
+        options = {"xtol": BRENT_LOG_TOL / BRENT_OFFSET}
+        steps = self.refine_steps
+        minimize_scalar(phi_u, bracket=bracket, method="brent", options={**options, "maxiter": steps})
+        while steps < self.max_refine_steps:
+            u_best = min(seen, key=seen.get)
+            left = [u for u in seen if u < u_best]
+            right = [u for u in seen if u > u_best]
+            if not left or not right or min(right) - max(left) <= REFINE_LOG_WIDTH:
+                return
+            ua, uc = max(left), min(right)
+            if not seen[u_best] < min(seen[ua], seen[uc]):  # a flat stretch: no bracket to narrow
+                return
+            minimize_scalar(phi_u, bracket=(ua, u_best, uc), method="brent", options={**options, "maxiter": 1})
+            steps += 1
 
     def _quadratic(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
         """Minimise the quadratic through ``φ(0)``, ``φ'(0)`` and one trial; ``newton_steps`` refits.

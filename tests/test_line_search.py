@@ -273,23 +273,40 @@ def _steep_path(m: float, k: int) -> strategies.SearchProblem:
                                     truncate=None, lam_unit=1.0, slope0=-1.0 / m)
 
 
-@pytest.mark.parametrize("m", [0.07, 0.3, 3.0, 30.0])
-@pytest.mark.parametrize("k", [4, 8, 16])
+@pytest.mark.parametrize("m", [0.07, 0.3, 3.0, 30.0, 300.0])
+@pytest.mark.parametrize("k", [2, 4, 8, 16])
 def test_brent_inside_the_bracket_reaches_the_known_minimum_of_a_steep_path(m, k):
-    """Known optimum: with enough iterations the bracket search finds ``λ = m``; more iterations never do worse,
-    and each costs at most one trial."""
+    """Known optimum ``λ = m``, up to 300 times beyond the first trial (``λ_1 = 1``): the default search reaches
+    99% of its decrease in at most 10 trials, and the fixed 10 iterations do too; more iterations never do worse."""
     prob = _steep_path(m, k)
     decrease, trials = {}, {}
-    for n in (1, 3, 10):
+    for steps in ((3, 3), (3, 10), (10, 10)):
         info = {}
-        lam, v = strategies.line_search.FastSearch("bracket", refine_steps=n).search(prob, [], info)
+        search = strategies.line_search.FastSearch("bracket", refine_steps=steps[0], max_refine_steps=steps[1])
+        lam, v = search.search(prob, [], info)
         assert v == pytest.approx(float(prob.loss(torch.tensor(lam, dtype=torch.float64))), rel=1e-12)
-        decrease[n], trials[n] = prob.loss0 - v, info["bracket_trials"]
-    assert decrease[10] >= 0.99 * (1 - 1 / k), decrease
-    assert decrease[1] <= decrease[3] <= decrease[10], decrease
-    assert trials[3] <= trials[1] + 2 and trials[10] <= trials[1] + 9, trials
+        decrease[steps], trials[steps] = prob.loss0 - v, info["bracket_trials"]
+    assert decrease[3, 10] >= 0.99 * (1 - 1 / k) and decrease[10, 10] >= 0.99 * (1 - 1 / k), decrease
+    assert decrease[3, 3] <= decrease[3, 10] * (1 + 1e-12), decrease
+    assert trials[3, 10] <= 10 and trials[3, 10] <= trials[3, 3] + 7, trials
+
+
+@pytest.mark.parametrize("m", [0.07, 0.3])
+@pytest.mark.parametrize("k", [2, 4])
+def test_refinement_stops_once_the_bracket_is_narrow(m, k):
+    """Where the first trials land near the minimiser, the bracket is narrow after ``refine_steps`` and the
+    search costs no trial more than a fixed three iterations."""
+    prob = _steep_path(m, k)
+    trials = {}
+    for most in (3, 10):
+        info = {}
+        strategies.line_search.FastSearch("bracket", max_refine_steps=most).search(prob, [], info)
+        trials[most] = info["bracket_trials"]
+    assert trials[10] == trials[3], trials
 
 
 def test_refine_steps_must_be_positive():
     with pytest.raises(ValueError, match="refine_steps"):
         strategies.line_search.FastSearch("bracket", refine_steps=0)
+    with pytest.raises(ValueError, match="max_refine_steps must be >= refine_steps"):
+        strategies.line_search.FastSearch("bracket", refine_steps=4, max_refine_steps=3)

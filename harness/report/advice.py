@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from harness.recommend import QUALITY_NAMES, TIME_TOLERANCE, Recommendation, preset_names
+from harness.recommend import PATH_EFFICIENCY_FLOOR, QUALITY_NAMES, TIME_TOLERANCE, Recommendation, preset_names
 from harness.report.figures.ablation import ablation_pairs, ablation_summary
 from harness.report.names import short_label
 from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
@@ -35,12 +35,14 @@ def _use(rec: Recommendation | None, error: str | None) -> Bullet:
     name = short_label(rec.spec, preset_names())
     time = f"{rec.evidence['median_time_ms']:.3g} ms per growth (median over datasets)"
     if rec.fallback:
-        why = (f", the fallback choice: no strategy is within {100 * rec.tolerance:g}% of the best on every dataset, "
-               f"and this one comes closest (it qualifies from a tolerance of "
+        why = (f", the fallback choice: no strategy is within {100 * rec.tolerance:g}% of the best on every dataset "
+               f"with a path efficiency of {100 * PATH_EFFICIENCY_FLOOR:g}% on every seed, and this one comes closest "
+               f"(its worst shortfall is "
                f"{_percent(rec.evidence.get('qualifies_from_tolerance'))}), at {time}.")
     else:
         why = (f": the fastest growth strategy whose optimality, path efficiency and held-out loss decrease are "
-               f"within {100 * rec.tolerance:g}% of the best on every dataset, beyond seed noise (times within "
+               f"within {100 * rec.tolerance:g}% of the best on every dataset, beyond seed noise, with a path "
+               f"efficiency of at least {100 * PATH_EFFICIENCY_FLOOR:g}% on every seed (times within "
                f"{100 * TIME_TOLERANCE:g}% of the fastest count as equal, and then the closer to the best wins), "
                f"at {time}.")
     return Bullet((Span("Use", "strong"), " ", Span(rec.spec, "code"), f" ({name}){why}"))

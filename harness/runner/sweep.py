@@ -73,6 +73,13 @@ SCALE_CANDIDATES = ["default", "gram/solve/full+metric/normal:newton", "gram/sol
                     "gram/solve/rsvd+metric/fast:quadratic", "gram/solve/rsvd+metric/fast:bracket",
                     "gram/solve/full+metric/fast:bracket", "gram/solve/rsvd+metric/normal:bracket"]
 
+#: Added to the quick, gpu and full ablations beside the centre's one-axis neighbourhood: the scale set's
+#: candidates, and the truncated path's bracket with a full SVD per trial (cheap at d_e <= 128) with either
+#: inverse. The neighbourhood changes one axis at a time; these differ from the centre in two (the truncated
+#: path's search is both ``normal`` and ``bracket``), and without them the small band's default would be chosen
+#: among fast-path searches only, none of which reaches 95% path efficiency on every seed there.
+ABLATION_EXTRAS = [*SCALE_CANDIDATES, "gram/solve/full+metric/normal:bracket", "gram/pinv/full+metric/normal:bracket"]
+
 
 def scale_grids(devices: list[str], widths: list[int] | None = None, seeds: list[int] | None = None,
                 **kw) -> list[dict]:
@@ -128,7 +135,8 @@ def sweep_presets() -> dict[str, list[dict]]:
     """Named sweeps: each a list of grids (dicts of lists) whose products are unioned."""
     # The centre itself is listed: "default" resolves to a strategy of this set whatever default.json says,
     # so the set of runs does not depend on it.
-    ablation = _PRESET_STRATEGIES + [ABLATION_CENTRE] + one_axis_variants(ABLATION_CENTRE)
+    ablation = list(dict.fromkeys(_PRESET_STRATEGIES + [ABLATION_CENTRE] + one_axis_variants(ABLATION_CENTRE)
+                                  + ABLATION_EXTRAS))
     scaling = ["formula1", "formula2", "joint", ABLATION_CENTRE]
 
     def scaling_grids(base: dict, axes: dict, **kw) -> list[dict]:
