@@ -107,6 +107,14 @@ def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total", confid
                        time_tol=100 * TIME_TOLERANCE, floor=100 * PATH_EFFICIENCY_FLOOR)
 
 
+def rule_in_brief(tolerance: float = TOLERANCE) -> str:
+    """The rule's quality and speed conditions in one clause, for prose that names the choice: "within 2% of the
+    best on every dataset, beyond seed noise, with a path efficiency of at least 95% on every seed (...)"."""
+    return (f"within {100 * tolerance:g}% of the best on every dataset, beyond seed noise, with a path efficiency of "
+            f"at least {100 * PATH_EFFICIENCY_FLOOR:g}% on every seed (times within {100 * TIME_TOLERANCE:g}% of the "
+            "fastest count as equal, and then the closer to the best wins)")
+
+
 # ------------------------------------------------------------------ loading
 def load_frame(db_path: str | Path) -> pd.DataFrame:
     """Every run of the database (read only), with every column of today's ``runs`` table.
@@ -619,8 +627,8 @@ def as_fast(table: pd.DataFrame, key: str) -> dict[str, float]:
 
 def _choose(table: pd.DataFrame, key: str, tied: dict[str, float]) -> tuple[str | None, bool]:
     """``(choice, fallback)``: of the strategies as fast as the front-runner (``tied``), the closest to the best;
-    else the eligible one that qualifies first as the tolerance is raised (rule steps 4 to 6); ``(None, False)``
-    when none is eligible."""
+    else the eligible one with the smallest worst shortfall, from the best beyond noise or from the path efficiency
+    floor (rule steps 4 to 6); ``(None, False)`` when none is eligible."""
     if tied:
         candidates = table[table.strategy.isin(list(tied))]
         return candidates.sort_values(["mean_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, False

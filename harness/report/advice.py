@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from harness.recommend import PATH_EFFICIENCY_FLOOR, QUALITY_NAMES, TIME_TOLERANCE, Recommendation, preset_names
+from harness.recommend import PATH_EFFICIENCY_FLOOR, QUALITY_NAMES, Recommendation, preset_names, rule_in_brief
 from harness.report.figures.ablation import ablation_pairs, ablation_summary
 from harness.report.names import short_label
 from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
@@ -41,10 +41,7 @@ def _use(rec: Recommendation | None, error: str | None) -> Bullet:
                f"{_percent(rec.evidence.get('qualifies_from_tolerance'))}), at {time}.")
     else:
         why = (f": the fastest growth strategy whose optimality, path efficiency and held-out loss decrease are "
-               f"within {100 * rec.tolerance:g}% of the best on every dataset, beyond seed noise, with a path "
-               f"efficiency of at least {100 * PATH_EFFICIENCY_FLOOR:g}% on every seed (times within "
-               f"{100 * TIME_TOLERANCE:g}% of the fastest count as equal, and then the closer to the best wins), "
-               f"at {time}.")
+               f"{rule_in_brief(rec.tolerance)}, at {time}.")
     return Bullet((Span("Use", "strong"), " ", Span(rec.spec, "code"), f" ({name}){why}"))
 
 

@@ -13,16 +13,14 @@ import pandas as pd
 from harness.measure import RunConfig
 from harness.recommend import (
     CELL_COLUMNS,
-    PATH_EFFICIENCY_FLOOR,
     QUALITY,
     QUALITY_NAMES,
-    TIME_TOLERANCE,
-    TOLERANCE,
     Recommendation,
     is_growth,
     label,
     preset_names,
     rank_note,
+    rule_in_brief,
     what_to_use,
 )
 from harness.report.sections import Block, Facts, Link, Paragraph, Section, Span, Table
@@ -150,10 +148,7 @@ def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> S
         Paragraph.of("Use ", Span('strategies.make("default")', "code"), ": it runs, per regime of its inputs "
                      "(device × width d_e), the choice below, which this database's runs make by the rule of ",
                      Link("the recommendation", "recommendation", recommendation_title(next(iter(recs.values())))),
-                     f" (fastest among those within {100 * TOLERANCE:g}% of the best on every dataset of the regime, "
-                     f"beyond noise, path efficiency {100 * PATH_EFFICIENCY_FLOOR:g}% or more on every seed; "
-                     f"times within {100 * TIME_TOLERANCE:g}% of the fastest count as equal, and then the closer to "
-                     "the best wins). "
+                     f" (fastest among those {rule_in_brief()}). "
                      "Quality columns are medians over the regime's datasets; path efficiency is the share of its "
                      "own path's best decrease that the line search reaches."),
         Table(table.drop(columns="fallback"), wide=("runner-up: why it lost",),
