@@ -8,9 +8,10 @@ Search methods: ``grid`` (0 and 16 geometric points), ``bounded`` (Brent's bound
 method of :func:`scipy.optimize.minimize_scalar`, on ``log λ``), ``newton`` (first and
 second derivatives of the loss along the path by AD), ``quadratic`` (docs/mathematics.md §5: ``φ(0)``
 and ``φ'(0) = −⟨G, X P̂ Xᵀ⟩`` cost nothing, one trial λ fixes a quadratic model; no AD),
-``bracket`` (the quadratic model's guess, then :func:`scipy.optimize.bracket` on ``log λ``
-and a few steps of Brent's method inside the bracket, more while it is wide: reaches the
-path's best where the loss along the path is far from quadratic, in six to ten evaluations).
+``bracket`` (each trial placed by a local model of the loss along λ, expanding past the
+trials while the best is at an end and under Brent's safeguards inside a bracket; it stops
+when the model predicted its last trial and promises under 1% more: the path's best where
+the loss along it is far from quadratic, in two to twelve evaluations).
 
 ``P̂`` is normalised so that ``‖X P̂ Xᵀ‖_F = 1`` over the batch: λ is the Frobenius norm
 of the (untruncated) score change. Searches are bracketed in units of
@@ -27,23 +28,27 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import bracket as scipy_bracket
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
+from .path_model import LocalModel
 from .registry import register
 from .timing import timed
 
 METHODS = ("grid", "bounded", "newton", "quadratic", "bracket")
-#: Brent's tolerance inside the bracket on ``log λ``: it stops once λ is known to about ±5%.
-BRENT_LOG_TOL = 0.05
-#: Where the bracket search's coordinate ``log(λ/λ_1) + BRENT_OFFSET`` starts (see ``_bracket``).
-BRENT_OFFSET = 100.0
-#: Width on ``log λ`` of the bracket around the best trial (between its nearest trials on either side) above
-#: which the bracket search goes on refining after ``refine_steps``: λ known to within a factor of 2 in all.
-REFINE_LOG_WIDTH = math.log(2.0)
-#: How far the bracket search's second trial may be from its first (a factor on λ, either way).
+#: Half-width on ``log λ`` of the bracket search's resolution: it stops once λ is known to about ±5%.
+LOG_TOL = 0.05
+#: How far one bracket search trial may move past the trials made so far (a factor on λ, either way).
 FIRST_JUMP = 10.0
+#: A second trial closer than this (relative) to the first is moved three times as far: two trials that
+#: close fit the loss's curvature from rounding.
+SECOND_TRIAL_GAP = 0.1
+#: Width on ``log λ`` of the bracket (between the best trial's neighbours) under which the bracket search may
+#: stop on its model's word: λ known to within a factor of 4.
+SETTLE_LOG_WIDTH = math.log(4.0)
+GOLDEN_RATIO = (1 + math.sqrt(5)) / 2
+#: The golden-section step, as a share of the larger side of the bracket.
+GOLDEN_SECTION = (3 - math.sqrt(5)) / 2
 
 
 @dataclass
@@ -104,19 +109,13 @@ class LineSearch(ABC):
         point (one more evaluation).
     max_backtrack : int
         Halvings of the step when neither point decreases the loss.
-    max_expand : int
-        Expansions of :func:`scipy.optimize.bracket` before the bracket search gives up
-        and keeps the best point seen.
-    refine_steps : int
-        Iterations of Brent's method inside the bracket (about one new trial each after
-        the first). One parabolic step (what 1 gives) stopped at 95% of the dense scan's
-        best at d_e = 1024, where the loss along the truncated path falls off a cliff just
-        past its minimum; three reached 99.5% for two more trials.
-    max_refine_steps : int
-        Iterations of Brent's method in all: after ``refine_steps``, the search goes on
-        while the bracket around the best trial is wider than a factor of 2 on λ
-        (:data:`REFINE_LOG_WIDTH`). A bracket many times wider than the minimum's basin
-        (a first guess a decade or more off) needs them (docs/mathematics.md §5.2).
+    max_trials : int
+        Trials of the bracket search at most (before backtracking, when none decreased the loss).
+    gain_tol : float
+        The bracket search stops when its model promises less than this share of the decrease found so far
+        (and predicted its last trial well, see ``trust_tol``).
+    trust_tol : float
+        The model's prediction of a trial counts as good when within this share of the decrease found so far.
     """
 
     name: str = ""
@@ -134,9 +133,9 @@ class LineSearch(ABC):
         maxiter: int = 40,
         newton_steps: int = 1,
         max_backtrack: int = 8,
-        max_expand: int = 6,
-        refine_steps: int = 3,
-        max_refine_steps: int = 10,
+        max_trials: int = 12,
+        gain_tol: float = 0.01,
+        trust_tol: float = 0.05,
     ) -> None:
         if method not in self.methods:
             raise ValueError(f"unknown search method {method!r}; valid: {', '.join(self.methods)}")
@@ -144,10 +143,10 @@ class LineSearch(ABC):
             raise ValueError(f"n_grid must be >= 2, got {n_grid}")
         if not (0 < lam_min < lam_max):
             raise ValueError(f"need 0 < lam_min < lam_max, got {lam_min}, {lam_max}")
-        if newton_steps < 1 or maxiter < 1 or max_backtrack < 0 or max_expand < 1 or refine_steps < 1:
-            raise ValueError("newton_steps, maxiter, max_expand and refine_steps must be >= 1, max_backtrack >= 0")
-        if max_refine_steps < refine_steps:
-            raise ValueError(f"max_refine_steps must be >= refine_steps, got {max_refine_steps} < {refine_steps}")
+        if newton_steps < 1 or maxiter < 1 or max_backtrack < 0 or max_trials < 2:
+            raise ValueError("newton_steps and maxiter must be >= 1, max_trials >= 2, max_backtrack >= 0")
+        if not (0 <= gain_tol < 1 and 0 <= trust_tol < 1):
+            raise ValueError(f"need 0 <= gain_tol < 1 and 0 <= trust_tol < 1, got {gain_tol}, {trust_tol}")
         self.method = method
         self.n_grid = n_grid
         self.lam_min = lam_min
@@ -155,9 +154,9 @@ class LineSearch(ABC):
         self.maxiter = maxiter
         self.newton_steps = newton_steps
         self.max_backtrack = max_backtrack
-        self.max_expand = max_expand
-        self.refine_steps = refine_steps
-        self.max_refine_steps = max_refine_steps
+        self.max_trials = max_trials
+        self.gain_tol = gain_tol
+        self.trust_tol = trust_tol
 
     @abstractmethod
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
@@ -193,73 +192,105 @@ class LineSearch(ABC):
         return U, s, V, lam, (loss_at if lam > 0 else None)
 
     def _bracket(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
-        """Quadratic guess, then a bracket of the minimum on ``log λ``, then a few steps of Brent's method in it.
+        """Trials placed by a local model of the loss along λ, kept inside a shrinking bracket, until one more
+        cannot pay (docs/mathematics.md §5.2).
 
-        The quadratic model of :meth:`_quadratic` gives a first pair of trials; downhill
-        expansion (:func:`scipy.optimize.bracket`, golden-ratio steps with parabolic
-        extrapolation) finds ``t_a < t_b < t_c`` with ``φ(t_b)`` below both ends; then
-        ``refine_steps`` iterations of Brent's method (:func:`scipy.optimize.minimize_scalar`)
-        inside it, and more, up to ``max_refine_steps`` in all, while the best trial's nearest
-        trials on either side are more than a factor of 2 apart. Working on ``log λ`` makes the
-        expansion reach a minimiser several decades from the first guess in a few steps.
+        The first trial is ``λ_1`` of :meth:`_quadratic`; each next one is the minimiser of
+        :class:`~strategies.path_model.LocalModel` fitted to the trials so far and to ``φ(0)``, ``φ'(0)``, moved
+        at most a decade (:data:`FIRST_JUMP`) past the trials while the best one is at an end, and kept inside the
+        bracket around the best trial once there is one, with a golden-section step where the model does not
+        shrink it. The search stops when the model predicted the last trial to within ``trust_tol`` of the
+        decrease and promises less than ``gain_tol`` of it (inside a bracket, once that is narrower than a factor
+        of 4: :data:`SETTLE_LOG_WIDTH`), when the bracket is narrower than ±5% on λ (:data:`LOG_TOL`), or after
+        ``max_trials``.
         """
         f0, g0 = prob.loss0, prob.slope0
         if not (math.isfinite(g0) and g0 < 0):
             log.append(f"bracket: slope {g0:.3g} at λ=0 is not a descent; λ = 0")
             return 0.0, f0
-        lam1 = min(prob.lam_unit, f0 / -g0) if f0 > 0 else prob.lam_unit
-        # The search runs on u = log(λ/λ_1) + BRENT_OFFSET: scipy's Brent tolerance is relative
-        # to |u|, so near BRENT_OFFSET it is an absolute tolerance on log λ.
-        seen: dict[float, float] = {}
+        trials: dict[float, float] = {}
+        inside: list[tuple[float, bool]] = []  # per trial placed inside the bracket: its width on log λ, golden?
+        lam, predicted = min(prob.lam_unit, f0 / -g0) if f0 > 0 else prob.lam_unit, math.nan
+        while len(trials) < self.max_trials:
+            trials[lam] = self.phi(prob, lam)
+            decrease = f0 - min(trials.values())
+            trusted = decrease > 0 and abs(trials[lam] - predicted) <= self.trust_tol * decrease
+            step = self._next_trial(trials, f0, g0, trusted, inside)
+            if step is None or step[0] in trials:  # a repeated trial would learn nothing: the model is done
+                break
+            lam, predicted = step
+        info["bracket_trials"] = len(trials)
+        best = min(trials, key=trials.get)
+        return (best, trials[best]) if trials[best] < f0 else self._backtrack(prob, min(trials), log, "bracket")
 
-        def lam_at(u: float) -> float:
-            return lam1 * math.exp(u - BRENT_OFFSET)
+    def _next_trial(self, trials: dict[float, float], f0: float, g0: float, trusted: bool,
+                    inside: list[tuple[float, bool]]) -> tuple[float, float] | None:
+        """``(λ, predicted φ)`` of the bracket search's next trial, or None when it should stop.
 
-        def phi_u(u: float) -> float:
-            if u not in seen:  # the bracket's points are cached: Brent's method pays only for new trials
-                seen[u] = self.phi(prob, lam_at(u))
-            return seen[u]
+        ``trusted``: the model fitted before the last trial predicted it; ``inside``: per trial placed inside
+        the bracket so far, the bracket's width on ``log λ`` then and whether it was a golden-section step.
+        """
+        model = LocalModel(trials, f0, g0)
+        decrease = f0 - model.best
+        lam, value = model.argmin()
+        if not decrease > 0:  # nothing decreased the loss yet: towards λ = 0, at most a decade at a time
+            lam = min(max(lam, min(trials) / FIRST_JUMP), min(trials) / (1 + 3 * SECOND_TRIAL_GAP))
+            return lam, model(lam)
+        if len(trials) == 1:  # the quadratic model's minimiser, within a decade, and not too close to the first trial
+            if abs(math.log(lam / model.best_lam)) < math.log1p(SECOND_TRIAL_GAP):
+                lam = model.best_lam * (1 + 3 * SECOND_TRIAL_GAP)
+            return lam, model(lam)
+        settled = trusted and model.best - value <= self.gain_tol * decrease
+        left, right = model.neighbours
+        if math.isinf(right) or (left == 0 and not lam > model.range[0]):
+            return None if settled else self._past_the_end(model, lam)
+        u_best = math.log(model.best_lam)
+        u_lo = math.log(left) if left > 0 else u_best - math.log(FIRST_JUMP)
+        u_hi = math.log(right)
+        if left > 0 and u_hi - u_lo <= 2 * LOG_TOL:
+            return None
+        # A parabola through trials decades apart can miss the basin entirely, and match the next trial by luck.
+        if settled and (left == 0 or u_hi - u_lo <= SETTLE_LOG_WIDTH):
+            return None
+        return self._inside_bracket(model, lam, (u_lo, u_hi), trusted, inside)
 
-        v1 = phi_u(BRENT_OFFSET)
-        curv = 2 * (v1 - f0 - g0 * lam1) / lam1**2 if math.isfinite(v1) else math.inf
-        lam2 = -g0 / curv if curv > 0 else 4 * lam1
-        # Keep the second trial distinct from the first and within a decade of it: a model fitted where the
-        # path is flat can point far past a cliff, and the bracket would then start too wide to refine.
-        ratio = min(max(lam2 / lam1, 1 / FIRST_JUMP), FIRST_JUMP)
-        if abs(math.log(ratio)) < math.log(1.5):
-            ratio = 2.0 if v1 < f0 else 0.25
-        try:
-            ua, ub, uc, fa, fb, fc, _ = scipy_bracket(phi_u, xa=BRENT_OFFSET, xb=BRENT_OFFSET + math.log(ratio),
-                                                      maxiter=self.max_expand)
-            if fb < min(fa, fc):
-                self._refine(phi_u, (min(ua, uc), ub, max(ua, uc)), seen)
-        except (RuntimeError, ValueError) as err:  # no bracket within max_expand: keep the best point seen
-            log.append(f"bracket: no bracket after {self.max_expand} expansions ({type(err).__name__}); "
-                       "kept the best point seen")
-        u_best = min(seen, key=seen.get)
-        info["bracket_trials"] = len(seen)
-        lam, v = lam_at(u_best), seen[u_best]
-        return (lam, v) if v < f0 else self._backtrack(prob, lam_at(min(seen)), log, "bracket")
+    @staticmethod
+    def _past_the_end(model: LocalModel, lam: float) -> tuple[float, float]:
+        """The best trial is at an end (the largest λ tried, or the smallest with the model's minimiser lower
+        still): past it as far as the model's minimiser ``lam``, or, where the model only says "further", by the
+        last ratio of trials to the power of the golden ratio, between 2 and :data:`FIRST_JUMP`."""
+        outward = 1 if math.isinf(model.neighbours[1]) else -1
+        inner = model.neighbours[0] if outward > 0 else model.neighbours[1]
+        if not (model.fitted and lam != model.range[outward > 0]
+                and abs(math.log(lam / model.best_lam)) > LOG_TOL):
+            ratio = (model.best_lam / inner) ** outward
+            lam = model.best_lam * min(FIRST_JUMP, max(2.0, ratio**GOLDEN_RATIO)) ** outward
+        return lam, model(lam)
 
-    def _refine(self, phi_u: Callable[[float], float], bracket: tuple[float, float, float],
-                seen: dict[float, float]) -> None:
-        """Brent's method inside ``bracket`` (on u, see :meth:`_bracket`): ``refine_steps`` iterations, then one at
-        a time from the bracket of the best trial, while that is wider than :data:`REFINE_LOG_WIDTH` and fewer
-        than ``max_refine_steps`` have run. ``phi_u`` records every trial in ``seen``."""
-        options = {"xtol": BRENT_LOG_TOL / BRENT_OFFSET}
-        steps = self.refine_steps
-        minimize_scalar(phi_u, bracket=bracket, method="brent", options={**options, "maxiter": steps})
-        while steps < self.max_refine_steps:
-            u_best = min(seen, key=seen.get)
-            left = [u for u in seen if u < u_best]
-            right = [u for u in seen if u > u_best]
-            if not left or not right or min(right) - max(left) <= REFINE_LOG_WIDTH:
-                return
-            ua, uc = max(left), min(right)
-            if not seen[u_best] < min(seen[ua], seen[uc]):  # a flat stretch: no bracket to narrow
-                return
-            minimize_scalar(phi_u, bracket=(ua, u_best, uc), method="brent", options={**options, "maxiter": 1})
-            steps += 1
+    @staticmethod
+    def _inside_bracket(model: LocalModel, lam: float, bracket: tuple[float, float], trusted: bool,
+                        inside: list[tuple[float, bool]]) -> tuple[float, float]:
+        """The model's minimiser ``lam`` under Brent's safeguards on ``log λ``, else a golden-section step.
+
+        The model's point must lie inside ``bracket`` (on ``log λ``) by a tenth of its width, the bracket must
+        have halved over the last two trials inside it, and the model must have predicted the last trial if that
+        was the model's; it moves no closer to the best trial than :data:`LOG_TOL`. Records the step in ``inside``.
+        """
+        u_lo, u_hi = bracket
+        u_best = math.log(model.best_lam)
+        u = math.log(lam) if model.fitted else math.nan
+        margin = 0.1 * (u_hi - u_lo)
+        shrinking = len(inside) < 2 or u_hi - u_lo <= 0.5 * inside[-2][0]
+        believed = trusted or not inside or inside[-1][1]
+        golden = not (shrinking and believed and u_lo + margin <= u <= u_hi - margin)
+        if golden:  # into the larger side: the bracket shrinks whatever the model says
+            far = u_hi if u_hi - u_best >= u_best - u_lo else u_lo
+            u = u_best + GOLDEN_SECTION * (far - u_best)
+        elif abs(u - u_best) < LOG_TOL:
+            u = u_best + math.copysign(LOG_TOL, u - u_best)
+        inside.append((u_hi - u_lo, golden))
+        lam = math.exp(u)
+        return lam, model(lam)
 
     def _quadratic(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
         """Minimise the quadratic through ``φ(0)``, ``φ'(0)`` and one trial; ``newton_steps`` refits.
