@@ -85,6 +85,9 @@ def cache_key(ds: Dataset, d_k: int, *, warmup_steps: int, batch_size: int, lr: 
         "dtype": str(dtype),
         # Kernels (and their rounding) differ between CPU and GPU, so their weights do too.
         "device_type": torch.device(device).type,
+        # On CPU the thread count splits reductions differently: digits' warm-up moves by 5e-7 between one and
+        # two threads, and a cache shared between them made a sweep's results depend on who filled it first.
+        "cpu_threads": torch.get_num_threads() if torch.device(device).type == "cpu" else None,
     }, sort_keys=True, separators=(",", ":"))
 
 

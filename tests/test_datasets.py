@@ -519,6 +519,24 @@ def test_cache_key_covers_settings() -> None:
     assert len({k0, *variants}) == len(variants) + 1
 
 
+def test_cache_key_covers_the_cpu_thread_count() -> None:
+    """The thread count changes a CPU warm-up's rounding (digits: weights differ by ~5e-7 between 1 and 2 threads),
+    so a model warmed up under one count is not served to a run under another."""
+    ds = small("teacher")
+    base = dict(warmup_steps=10, batch_size=8, lr=1e-3, n_heads=1, bias=False, scale_policy="rescale",
+                dtype=torch.float32, device="cpu")
+    before = torch.get_num_threads()
+    try:
+        keys = {}
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            keys[n] = cache_mod.cache_key(ds, 3, **base)
+    finally:
+        torch.set_num_threads(before)
+    assert keys[1] != keys[2]
+    assert json.loads(keys[2])["cpu_threads"] == 2
+
+
 def test_text_options_identify_corpus() -> None:
     opts = small("text").options()
     assert opts["corpus"] == "pydoc_data.topics" and len(opts["corpus_sha256"]) == 16
