@@ -43,6 +43,8 @@ FIRST_JUMP = 10.0
 #: A second trial closer than this (relative) to the first is moved three times as far: two trials that
 #: close fit the loss's curvature from rounding.
 SECOND_TRIAL_GAP = 0.1
+#: Where such a second trial moves to, and the least step toward 0 while no trial has decreased the loss (on λ).
+NUDGE = 1 + 3 * SECOND_TRIAL_GAP
 #: Width on ``log λ`` of the bracket (between the best trial's neighbours) under which the bracket search may
 #: stop on its model's word: λ known to within a factor of 4.
 SETTLE_LOG_WIDTH = math.log(4.0)
@@ -210,7 +212,7 @@ class LineSearch(ABC):
             return 0.0, f0
         trials: dict[float, float] = {}
         inside: list[tuple[float, bool]] = []  # per trial placed inside the bracket: its width on log λ, golden?
-        lam, predicted = min(prob.lam_unit, f0 / -g0) if f0 > 0 else prob.lam_unit, math.nan
+        lam, predicted = _first_trial(prob), math.nan
         while len(trials) < self.max_trials:
             trials[lam] = self.phi(prob, lam)
             decrease = f0 - min(trials.values())
@@ -234,11 +236,11 @@ class LineSearch(ABC):
         decrease = f0 - model.best
         lam, value = model.argmin()
         if not decrease > 0:  # nothing decreased the loss yet: towards λ = 0, at most a decade at a time
-            lam = min(max(lam, min(trials) / FIRST_JUMP), min(trials) / (1 + 3 * SECOND_TRIAL_GAP))
+            lam = min(max(lam, min(trials) / FIRST_JUMP), min(trials) / NUDGE)
             return lam, model(lam)
         if len(trials) == 1:  # the quadratic model's minimiser, within a decade, and not too close to the first trial
             if abs(math.log(lam / model.best_lam)) < math.log1p(SECOND_TRIAL_GAP):
-                lam = model.best_lam * (1 + 3 * SECOND_TRIAL_GAP)
+                lam = model.best_lam * NUDGE
             return lam, model(lam)
         settled = trusted and model.best - value <= self.gain_tol * decrease
         left, right = model.neighbours
@@ -304,7 +306,7 @@ class LineSearch(ABC):
         if not (math.isfinite(g0) and g0 < 0):
             log.append(f"quadratic: slope {g0:.3g} at λ=0 is not a descent; λ = 0")
             return 0.0, f0
-        lam = min(prob.lam_unit, f0 / -g0) if f0 > 0 else prob.lam_unit
+        lam = _first_trial(prob)
         best = (0.0, f0)
         trials = []
         for _ in range(self.newton_steps):
@@ -427,6 +429,12 @@ class LineSearch(ABC):
                 return lam, v
         log.append(f"{who}: no decrease after backtracking; λ = 0")
         return 0.0, prob.loss0
+
+
+def _first_trial(prob: SearchProblem) -> float:
+    """``λ_1`` of ``quadratic`` and ``bracket``: one RMS logit per entry, capped by the step at which the linear
+    model would remove the whole loss (``φ(0)/|φ'(0)|``, for a positive loss and a descent slope)."""
+    return min(prob.lam_unit, prob.loss0 / -prob.slope0) if prob.loss0 > 0 else prob.lam_unit
 
 
 def truncated_scores(X: Tensor, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
