@@ -16,7 +16,9 @@ from typing import NoReturn
 
 import strategies
 from harness.env import DEFAULT_THREADS
+from harness.measure import HELDOUT_BATCHES
 from harness.plugins import load_plugins
+from harness.recommend import TOLERANCE as RULE_TOLERANCE
 from harness.runner.sweep import DEFAULT_CACHE, DEFAULT_DB
 from harness.validate import ConfigError
 
@@ -126,7 +128,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     print("strategy presets:")
     for name, spec in data["presets"].items():
         print(f"  {name:10s} {spec}")
-    print(f"strategies: {len(data['strategies'])} specs, averaging/inverse/truncation[+metric]/line_search:method")
+    print(f"strategies: {len(data['strategies'])} specs, "
+          "averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink]:method")
     print("datasets:")
     for name, desc in data["datasets"].items():
         print(f"  {name:15s} {desc}")
@@ -158,7 +161,7 @@ def _grids(args: argparse.Namespace) -> list[dict]:
         grids = [dict(strategies=["default"], datasets=list(DATASET_NAMES), d_s=[16], d_e=[32], b=[64], d_k=[4],
                       p=[4], seeds=[0], devices=["cpu"])]
     overrides = {k: getattr(args, k) for k in ("strategies", "datasets", "d_s", "d_e", "b", "d_k", "p", "seeds",
-                                               "devices", "n_batches", "repeats", "warmup_steps")}
+                                               "devices", "n_batches", "repeats", "warmup_steps", "heldout_batches")}
     for g in grids:
         g.update({k: v for k, v in overrides.items() if v is not None})
     return grids
@@ -273,17 +276,22 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         recs = recommend_regimes(frame, tolerance=args.tolerance, time_metric=args.time)
     print(format_regimes(recs))
     if args.write:
+        from harness.recommend import CLOSEST
+
         missing = [k for k, r in recs.items() if r.spec is None]
-        fallen = [k for k, r in recs.items() if r.fallback]
+        # A regime where growth does not generalise has an answer (its statement); one where strategies generalise
+        # but none meets the rule everywhere has only a best effort, written on request.
+        fallen = [k for k, r in recs.items() if r.verdict == CLOSEST]
         if missing or (fallen and not args.force):
             print("growbench: not written: " + (f"no eligible strategy in {', '.join(missing)}" if missing else
                                                 f"no strategy meets the rule in {', '.join(fallen)} "
-                                                "(use --force to write the fallback)"),
+                                                "(use --force to write the closest one)"),
                   file=sys.stderr)
             return 1
-        path = write_default(recs, args.db, args.default_file)
-        chosen = "; ".join(f"{k}: {r.spec}" for k, r in recs.items())
-        print(f"wrote {path}: strategies.make('default') now runs, per regime, {chosen}")
+        path, changes = write_default(recs, args.db, args.default_file)
+        print(f"wrote {path}; strategies.make('default') now runs, per regime:")
+        for line in changes:
+            print(f"  {line}")
     return 0
 
 
@@ -395,6 +403,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--n-batches", type=_int_at_least(1), help="batches of statistics per run")
     parser.add_argument("--repeats", type=_int_at_least(1), help="timed repeats per run (median reported)")
     parser.add_argument("--warmup-steps", type=_int_at_least(0), help="training steps before growth")
+    parser.add_argument("--heldout-batches", type=_int_at_least(2),
+                        help=f"test batches of the held-out measure (default {HELDOUT_BATCHES})")
     parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
     parser.add_argument("--no-cache", action="store_true", help="retrain every model, cache nothing")
@@ -497,9 +507,9 @@ def _add_recommend(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--regime", type=_regime_key,
                         help="only this regime (device/band: cpu/small, cpu/medium, cpu/large, cuda/...; "
                              "default: every regime with runs)")
-    parser.add_argument("--tolerance", type=_float_at_least(0), default=0.02,
-                        help="quality tolerance as a fraction of |best|, finite and >= 0 "
-                             "(default 0.02, the documented rule)")
+    parser.add_argument("--tolerance", type=_float_at_least(0), default=RULE_TOLERANCE,
+                        help="how far below the best's held-out gain a strategy may be, as a fraction of it, beyond "
+                             f"noise; finite and >= 0 (default {RULE_TOLERANCE:g}, the documented rule)")
     parser.add_argument("--time", choices=["t_total", "x_floor"], default="t_total",
                         help="rank by median t_total (the rule) or by t_total/t_floor (robust to a busy machine)")
     parser.add_argument("--write", action="store_true",

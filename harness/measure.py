@@ -33,6 +33,9 @@ from strategies.timing import timed
 # Batches for statistics are drawn far from the warm-up's indices (0..warmup_steps-1).
 STATS_INDEX_OFFSET = 1_000_000
 PHASES = ("statistics", "direction", "truncation", "line_search", "total")
+#: Test batches whose losses make a run's held-out measure (docs/mathematics.md §7.2): their mean is the
+#: held-out loss, and their spread gives the held-out decrease its standard error.
+HELDOUT_BATCHES = 16
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class RunConfig(KeyedConfig):
     warmup_steps: int = 100
     dtype: str = "float32"
     scale_policy: str = "rescale"
+    heldout_batches: int = HELDOUT_BATCHES
 
     def __post_init__(self) -> None:
         """Refuse a configuration that cannot run (:func:`harness.validate.check_run_config`).
@@ -72,13 +76,14 @@ def _stack_mask(mask, n: int, b: int):
 
 def search_problem(strategy, stats, X, G, mask, W_Q, W_K, scale: float, rank: int,
                    loss_of_scores) -> strategies.SearchProblem | None:
-    """The line search's problem of ``strategy`` at the current factors, as ``grow`` builds it."""
+    """The line search's problem of ``strategy`` at the current factors, as ``grow`` builds it (a ``+holdout``
+    strategy's statistics without the λ batch included)."""
     with torch.no_grad():
         Z = scale * W_Q @ W_K.mT
         S0 = X @ Z @ X.mT
         ctx = strategies.StepContext(X=X, G=G, mask=mask, loss=loss_of_scores, Z=Z, S0=S0,
                                      loss0=float(loss_of_scores(S0)), scale=scale, new_scale=scale)
-        return strategies.build_search_problem(strategy, stats, ctx, rank)
+        return strategies.build_search_problem(strategy, strategy._stats(ctx, stats), ctx, rank)
 
 
 def loss_along_lambda(prob: strategies.SearchProblem | None, lam_max: float, n: int = 25) -> dict:
@@ -103,7 +108,7 @@ def truncated_path(prob: strategies.SearchProblem, lam: float) -> torch.Tensor:
 
 
 #: Points and span (in RMS logits per entry) of the dense scan behind path efficiency.
-SCAN_POINTS, SCAN_SPAN = 80, (1e-3, 1e2)
+SCAN_POINTS, SCAN_SPAN = 40, (1e-3, 1e2)
 
 
 def path_efficiency(prob: strategies.SearchProblem | None, decrease: float, lam: float) -> dict:
@@ -254,12 +259,16 @@ def step_quality(strategy: strategies.Strategy, site: GrowthSite, cfg: RunConfig
 
 
 def _trained(cfg: RunConfig, cache_dir: str | None) -> tuple[Dataset, GrowthModel]:
-    """The configuration's dataset and its model after the (cached) warm-up."""
+    """The configuration's dataset and its model after the (cached) warm-up; the same objects for the runs of the
+    configuration and seed that follow (a growth never changes the model: it grows copies)."""
     require_device(cfg.device)
-    ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
-    model = trained_model(ds, cfg.d_k, warmup_steps=cfg.warmup_steps, scale_policy=cfg.scale_policy,
-                          cache_dir=cache_dir, dtype=getattr(torch, cfg.dtype), device=cfg.device)
-    return ds, model
+
+    def make() -> tuple[Dataset, GrowthModel]:
+        ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
+        return ds, trained_model(ds, cfg.d_k, warmup_steps=cfg.warmup_steps, scale_policy=cfg.scale_policy,
+                                 cache_dir=cache_dir, dtype=getattr(torch, cfg.dtype), device=cfg.device)
+
+    return _per_configuration(_TRAINED, (cfg, cache_dir), make)
 
 
 def _timed_growths(strategy: strategies.Strategy, site: GrowthSite,
@@ -295,21 +304,84 @@ def _grown(model: GrowthModel, W_Q: torch.Tensor, W_K: torch.Tensor) -> GrowthMo
     return grown
 
 
-def _heldout_loss(model: GrowthModel, test: tuple[torch.Tensor, torch.Tensor]) -> float:
+@dataclass(frozen=True)
+class HeldOut:
+    """A run's held-out batches and the model's loss on each of them before the growth.
+
+    Attributes
+    ----------
+    batches : list of (Tensor, Tensor)
+        ``heldout_batches`` test batches ``(inputs, targets)``, on the run's device.
+    before : numpy.ndarray, (K,)
+        The loss of each batch before the growth.
+    tokens : int
+        Tokens the losses average over (``K · b · d_s``).
+    """
+
+    batches: list[tuple[torch.Tensor, torch.Tensor]]
+    before: np.ndarray
+    tokens: int
+
+    @classmethod
+    def of(cls, model: GrowthModel, ds: Dataset, cfg: RunConfig) -> HeldOut:
+        """The first ``cfg.heldout_batches`` test batches of ``ds`` and ``model``'s loss on each.
+
+        Kept for the next run of the same configuration and seed (every strategy of a sweep's configuration
+        starts from the same trained model: the strategy is the one field that does not change it).
+        """
+        def make() -> HeldOut:
+            batches = [tuple(t.to(cfg.device) for t in ds.batch(cfg.b, "test", i))
+                       for i in range(cfg.heldout_batches)]
+            return cls(batches, _losses(model, batches), cfg.heldout_batches * cfg.b * cfg.d_s)
+
+        return _per_configuration(_HELDOUT, cfg, make)
+
+    def decrease(self, model: GrowthModel) -> tuple[float, float, float]:
+        """``(loss after, decrease, standard error of the decrease)`` of ``model`` against the loss before.
+
+        The decrease is the mean over batches of ``before_k − after_k``; its standard error is their
+        standard deviation over ``√K`` (paired by batch, so the batches' own difficulty cancels).
+        """
+        after = _losses(model, self.batches)
+        diffs = self.before - after
+        se = float(diffs.std(ddof=1) / math.sqrt(len(diffs))) if len(diffs) > 1 else math.nan
+        return float(after.mean()), float(diffs.mean()), se
+
+
+_HELDOUT: dict[tuple, HeldOut] = {}
+_TRAINED: dict[tuple, tuple] = {}
+
+
+def _per_configuration(memo: dict, cfg: RunConfig, make: Callable):
+    """``make()``, kept in ``memo`` for the runs of ``cfg``'s configuration and seed that follow: every strategy of
+    a sweep's configuration starts from the same trained model, the strategy being the one field that does not
+    change it. One configuration at a time, as a sweep orders its runs."""
+    extra = ()
+    if isinstance(cfg, tuple):  # (configuration, what else the result depends on)
+        cfg, *extra = cfg
+    key = (*((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "strategy"), *extra)
+    if key not in memo:
+        memo.clear()
+        memo[key] = make()
+    return memo[key]
+
+
+def _losses(model: GrowthModel, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> np.ndarray:
     with torch.no_grad():
-        return float(model.loss(*test))
+        return np.array([float(model.loss(*batch)) for batch in batches])
 
 
 def _along_the_path(strategy: strategies.GrowthStrategy, site: GrowthSite, r: strategies.GrowthResult,
-                    model: GrowthModel, test: tuple, heldout_before: float, rank: int) -> tuple[dict, dict]:
-    """The step against its own truncated path: λ curve, path efficiency, held-out decrease at the scan's best λ.
+                    model: GrowthModel, heldout: HeldOut, rank: int, curve: bool) -> tuple[dict, dict]:
+    """The step against its own truncated path: path efficiency, held-out decrease at the scan's best λ, and (with
+    ``curve``) the loss along λ for the report's figure, which draws one seed.
 
     Returns the scan's result columns and its entries of ``extra``.
     """
     X, G, mask = site.last
     prob = search_problem(strategy, statistics_over(strategy, site.batches), X, G, mask, site.W_Q, site.W_K,
                           site.scale, rank, site.loss_of_scores)
-    extra = {"lambda_curve": loss_along_lambda(prob, lam_max=2.5 * r.lam if r.lam > 0 else 1.0)}
+    extra = {"lambda_curve": loss_along_lambda(prob, lam_max=2.5 * r.lam if r.lam > 0 else 1.0)} if curve else {}
     found = path_efficiency(prob, r.loss_before - r.loss_after, r.lam)
     scan = {"path_efficiency": found["path_efficiency"], "scan_decrease": found["scan_decrease"],
             "heldout_decrease_at_scan_best": math.nan}
@@ -318,7 +390,7 @@ def _along_the_path(strategy: strategies.GrowthStrategy, site: GrowthSite, r: st
         with torch.no_grad():
             U, s, V = prob.truncate(prob.Z - found["scan_lam"] * prob.P_hat)
             root = s.clamp_min(0).sqrt() / math.sqrt(site.new_scale)
-        scan["heldout_decrease_at_scan_best"] = heldout_before - _heldout_loss(_grown(model, U * root, V * root), test)
+        scan["heldout_decrease_at_scan_best"] = heldout.decrease(_grown(model, U * root, V * root))[1]
     if r.spec == strategies.canonical("formula2"):
         extra["formula_gap"] = formula_gap(site.batches)
     return scan, extra
@@ -338,24 +410,27 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
     ds, model = _trained(cfg, cache_dir)
     site = growth_site(model, ds, cfg)
     r, times, timing = _timed_growths(strategy, site, cfg)
-    test = tuple(t.to(cfg.device) for t in ds.batch(cfg.b, "test", 0))
-    heldout_before, heldout_after = _heldout_loss(model, test), _heldout_loss(_grown(model, r.W_Q, r.W_K), test)
+    heldout = HeldOut.of(model, ds, cfg)
+    heldout_after, heldout_decrease, heldout_se = heldout.decrease(_grown(model, r.W_Q, r.W_K))
     extra = {"info": r.info, "times": times, "spec": r.spec, "dataset": ds.description,
              "dataset_options": ds.options()}
     if hasattr(ds, "reference_losses"):  # known optima of the dataset, on the held-out batch
-        extra["references"] = ds.reference_losses(model, *test, cfg.d_k + cfg.p)
+        extra["references"] = ds.reference_losses(model, *heldout.batches[0], cfg.d_k + cfg.p)
     scan = {"path_efficiency": math.nan, "scan_decrease": math.nan, "heldout_decrease_at_scan_best": math.nan}
     if isinstance(strategy, strategies.GrowthStrategy):
-        scan, scan_extra = _along_the_path(strategy, site, r, model, test, heldout_before, cfg.d_k + cfg.p)
+        scan, scan_extra = _along_the_path(strategy, site, r, model, heldout, cfg.d_k + cfg.p, curve=cfg.seed == 0)
         extra.update(scan_extra)
     return {
         **_quality(site, r.dZ, cfg.b, cache_dir),
         "loss_before": r.loss_before,
         "loss_after": r.loss_after,
         "loss_decrease": r.loss_before - r.loss_after,
-        "heldout_before": heldout_before,
+        "heldout_before": float(heldout.before.mean()),
         "heldout_after": heldout_after,
-        "heldout_decrease": heldout_before - heldout_after,
+        "heldout_decrease": heldout_decrease,
+        "heldout_decrease_se": heldout_se,
+        "heldout_tokens": heldout.tokens,
+        "statistics_tokens": int(r.info.get("statistics_tokens", 0)),
         "lam": r.lam,
         "n_loss_evals": r.n_loss_evals,
         "fallback": "; ".join(r.fallback),

@@ -1,6 +1,6 @@
-"""Choose the default strategy of each regime from a results database, by a fixed and documented rule.
+"""Choose the default strategy of each regime from a results database, by a fixed rule judged on unseen data.
 
-The rule (:data:`RULE`), applied by :func:`recommend` to the runs of one regime
+The rule (:func:`rule_text`), applied by :func:`recommend` to the runs of one regime
 (device kind × band of widths, :mod:`strategies.regimes`) and by
 :func:`recommend_regimes` to each regime with runs:
 
@@ -8,51 +8,48 @@ The rule (:data:`RULE`), applied by :func:`recommend` to the runs of one regime
    accelerator) and its band of ``d_e`` (≤ 128, 128–1024, > 1024).
 2. **Reference configuration.** For each dataset, only the runs of its *reference
    configuration* count: the group of runs sharing sizes (``d_s, d_e, b, d_k, p``),
-   ``n_batches``, ``repeats``, ``warmup_steps``, ``dtype``, ``scale_policy`` and device
-   that covers the most distinct strategies (ties: the most runs, then the smallest
-   sizes). Every strategy is thus compared on the same problems and seeds.
-3. **Eligible.** Growth strategies only (the baselines ``random``, ``zero``,
-   ``gradmax`` and names that are not valid specs are excluded) that never failed on
-   any run of the regime and that have a successful reference run for every seed of
-   every dataset of it (a reference run on fewer seeds cannot be paired seed by seed).
-4. **Quality, beyond noise.** Three measures: ``optimality``, ``path_efficiency`` and
-   ``heldout_decrease``. Per dataset and measure the *best* is the eligible strategy
-   with the highest median over seeds. A candidate is compared with it by the paired
-   differences ``candidate − best`` over their common seeds, with a Student-t interval
-   at 95 % (:class:`Paired`; one seed gives no interval, only the difference). It is
-   *within the tolerance* when its most favourable value within noise, ``best + high``
-   (``high``: the interval's upper bound), is ``>= best - 0.02 * |best|``: noise never
-   disqualifies a candidate that may be as good, and a loss bigger than 2 % beyond noise
-   always does. Path efficiency also has a floor: at least 95 % (:data:`PATH_EFFICIENCY_FLOOR`) on
-   every seed of every dataset. It is exact for a seed, so one seed's miss is a miss of the search,
-   not noise, and a downstream user meets single problems, not medians. A strategy *qualifies* when
-   it is within on every dataset and measure and above the floor on every seed.
-5. **Speed, within noise.** Time is ``t_total`` (the growth, statistics included): the
-   median over seeds per dataset, then the **median of these per-dataset medians**. The
-   fastest qualifying strategy by this measure is the *front-runner*; a qualifying strategy
-   whose time is at most 5 % above the front-runner's is *as fast* (:data:`TIME_TOLERANCE`:
-   the same strategy measured in two sweeps on a shared machine differs by a few per cent,
-   so a smaller difference in time ranks noise). Among the strategies as fast as the
-   front-runner (itself included), the recommendation is the one **closest to the best**:
-   the smallest mean, over datasets, of the shortfalls of its medians of optimality and path
-   efficiency from the best's (each capped at 100 %; ties: the faster, then the spec string).
-   These two measures are exact for a seed, so the choice no longer flips with the timing
-   noise of a rerun. ``time_metric="x_floor"`` ranks by ``t_total / t_floor`` instead (a
-   robustness check on a shared machine, not the documented rule).
-6. **Fallback.** If no eligible strategy qualifies, the eligible strategy with the
-   smallest worst shortfall is returned (from the best beyond noise, or from the path
-   efficiency floor: the first to qualify as both are relaxed; ties: the faster), flagged
-   ``fallback``, with the datasets and measures that forced it (``forced_by``);
-   ``growbench recommend --write`` then refuses unless ``--force``.
+   ``n_batches``, ``repeats``, ``warmup_steps``, ``dtype``, ``scale_policy``,
+   ``heldout_batches`` and device that covers the most distinct strategies (ties: the most
+   runs, then the smallest sizes). Every strategy is thus compared on the same problems and seeds.
+3. **Eligible.** Growth strategies only (the baselines ``random``, ``zero``, ``gradmax`` and
+   names that are not valid specs are excluded) that never failed on any run of the regime
+   and that have a successful reference run for every seed of every dataset of it.
+4. **The measure that decides: the held-out gain.** A run's held-out gain is its held-out
+   loss decrease as a share of the held-out loss before the growth
+   (``heldout_decrease / heldout_before``, measured on ``heldout_batches`` test batches the
+   step never saw). Doing nothing (``zero``) has a gain of exactly 0. Per dataset, over seeds:
+   a strategy **lowers the held-out loss** there when the lower end of the 95 % Student-t
+   interval of its mean gain is above 0; the **best** is the eligible strategy with the highest
+   mean gain; a strategy is **within** the tolerance of the best when the lower end of the 95 %
+   t interval of its paired differences to the best (by seed) is at least
+   ``−tolerance · |best|``. That is a non-inferiority test: a wide interval (few seeds, noisy
+   data) makes a strategy *not* within, never within, and a strategy worse than the best by
+   more than the tolerance on every seed is never within (:class:`Paired`).
+5. **Qualifies:** lowers the held-out loss on every dataset of the regime, and is within the
+   tolerance of the best on every dataset.
+6. **Speed, within noise.** Time is ``t_total`` (the growth, statistics included): the
+   median over seeds per dataset, then the median of these per-dataset medians. The fastest
+   qualifying strategy is the *front-runner*; a qualifying strategy at most 5 % slower
+   (:data:`TIME_TOLERANCE`) is *as fast*. Among those, the one with the smallest mean shortfall
+   of its mean held-out gain from the best's is chosen (ties: the faster, then the spec).
+7. **When nothing qualifies.** If some strategies lower the held-out loss on every dataset,
+   the one with the smallest worst shortfall from the best is chosen, flagged ``fallback``.
+   If none does, growth with these statistics does not generalise in the regime: the entry
+   says so in plain words (:attr:`Recommendation.statement`, with the statistics tokens
+   measured), and names the strategy that harms least (the highest mean gain on its worst
+   dataset), which ``strategies.make("default")`` then runs, recording that in ``fallback``.
 
-The evidence (per-dataset medians against the best, with the paired intervals) and every
-runner-up, with the reason it lost, come with each choice.
+Batch optimality, path efficiency and the batch decrease are diagnostics of the step: they are
+in the evidence to explain the choice, never part of it. The evidence (per-dataset means with
+their intervals, per-seed counts, the diagnostics) and every runner-up, with the reason it lost,
+come with each choice.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,35 +64,38 @@ from harness.store.schema import RUNS
 from strategies.regimes import Regime, all_regimes
 from strategies.spec import REFERENCE_REGIME, check_default_choice
 
-TOLERANCE = 0.02
-#: The least path efficiency a qualifying strategy reaches on every seed of every dataset (rule step 4).
-PATH_EFFICIENCY_FLOOR = 0.95
-#: How much slower than the fastest qualifying strategy another may be and still count as as fast (rule step 5).
+#: How far below the best's mean held-out gain a strategy may be, as a share of it, and still be within
+#: (rule step 4): a strategy within keeps at least 80 % of the best's gain, beyond noise.
+TOLERANCE = 0.2
+#: How much slower than the fastest qualifying strategy another may be and still count as as fast (rule step 6).
 TIME_TOLERANCE = 0.05
-#: Confidence of the paired-difference intervals.
+#: Confidence of every interval of the rule.
 CONFIDENCE = 0.95
-QUALITY = ("optimality", "path_efficiency", "heldout_decrease")
-#: The measures of the step itself, exact for a seed, that break a tie in time (rule step 5). The held-out
-#: decrease is left out there: near zero on small problems, its shortfall relative to the best is noise.
-STEP_QUALITY = ("optimality", "path_efficiency")
-QUALITY_NAMES = {"optimality": "optimality", "path_efficiency": "path efficiency",
-                 "heldout_decrease": "held-out decrease"}
+#: The measure that decides (rule step 4).
+DECIDING = "heldout_gain"
+#: Diagnostics of the step, shown beside the decision (medians over seeds).
+DIAGNOSTICS = ("optimality", "path_efficiency", "batch_gain")
+QUALITY_NAMES = {"heldout_gain": "held-out gain", "optimality": "optimality", "path_efficiency": "path efficiency",
+                 "batch_gain": "batch gain"}
 CELL_COLUMNS = ("d_s", "d_e", "b", "d_k", "p", "n_batches", "repeats", "warmup_steps", "dtype", "scale_policy",
-                "device")
+                "heldout_batches", "device")
+#: Verdicts of a regime (:attr:`Recommendation.verdict`).
+GENERALISES, CLOSEST, DOES_NOT_GENERALISE = "generalises", "closest", "does not generalise"
 RULE = (
-    "Per regime (device kind x band of d_e), among growth strategies (baselines excluded) that never failed on "
-    "a run of the regime and that ran every seed of every dataset of it, choose the fastest by the median over "
-    "datasets of the per-dataset median {metric}, whose optimality, path efficiency and held-out loss decrease "
-    "are, on every dataset, within {tol:g}% of the best eligible strategy's beyond noise: best + (upper bound of "
-    "the {conf:g}% t interval of the paired differences over seeds) >= best - {frac:g}*|best|, and whose path "
-    "efficiency is at least {floor:g}% on every seed of every dataset. Per dataset only "
-    "its reference configuration counts: the sizes/settings/device group with the most strategies. The best is "
-    "the highest median over seeds. Strategies within {time_tol:g}% of the fastest qualifying one's time count as "
-    "as fast; among them the one with the smallest mean shortfall of its optimality and path efficiency medians "
-    "from the best's is chosen."
+    "Per regime (device kind x band of d_e), among growth strategies (baselines excluded) that never failed on a run "
+    "of the regime and ran every seed of every dataset of it, the decision is made on the held-out gain (held-out "
+    "loss decrease as a share of the held-out loss before growth, on test batches the step never saw; doing nothing "
+    "gains 0). A strategy qualifies when, on every dataset, the {conf:g}% t interval of its mean gain over seeds lies "
+    "above 0 (it lowers the held-out loss beyond noise) and the lower end of the {conf:g}% t interval of its paired "
+    "differences to the best strategy's gain is at least -{frac:g}*|best| (non-inferior to the best, which has the "
+    "highest mean gain). Among qualifying strategies, the fastest by the median over datasets of the per-dataset "
+    "median {metric} is chosen; strategies within {time_tol:g}% of its time count as as fast, and among them the one "
+    "with the smallest mean shortfall from the best's gain wins. If none qualifies, the one with the smallest worst "
+    "shortfall among those that lower the held-out loss on every dataset is chosen (fallback); if no strategy does, "
+    "growth does not generalise in the regime and the strategy with the highest mean gain on its worst dataset "
+    "(the one that harms least) is named. Per dataset only its reference configuration counts: the "
+    "sizes/settings/device group with the most strategies."
 )
-
-
 class NoResults(ValueError):
     """The database is missing, empty, or holds no successful run."""
 
@@ -103,16 +103,15 @@ class NoResults(ValueError):
 def rule_text(tolerance: float = TOLERANCE, time_metric: str = "t_total", confidence: float = CONFIDENCE) -> str:
     """The rule in one paragraph, with the tolerance and confidence filled in."""
     metric = "t_total" if time_metric == "t_total" else "t_total/t_floor (x_floor)"
-    return RULE.format(tol=100 * tolerance, frac=tolerance, metric=metric, conf=100 * confidence,
-                       time_tol=100 * TIME_TOLERANCE, floor=100 * PATH_EFFICIENCY_FLOOR)
+    return RULE.format(frac=tolerance, metric=metric, conf=100 * confidence, time_tol=100 * TIME_TOLERANCE)
 
 
 def rule_in_brief(tolerance: float = TOLERANCE) -> str:
-    """The rule's quality and speed conditions in one clause, for prose that names the choice: "within 2% of the
-    best on every dataset, beyond seed noise, with a path efficiency of at least 95% on every seed (...)"."""
-    return (f"within {100 * tolerance:g}% of the best on every dataset, beyond seed noise, with a path efficiency of "
-            f"at least {100 * PATH_EFFICIENCY_FLOOR:g}% on every seed (times within {100 * TIME_TOLERANCE:g}% of the "
-            "fastest count as equal, and then the closer to the best wins)")
+    """The rule's conditions in one clause, for prose that names the choice: "lowers the held-out loss beyond noise
+    on every dataset and keeps at least 80% of the best's held-out gain there (...)"."""
+    return (f"lowers the held-out loss beyond seed noise on every dataset and keeps, beyond noise, at least "
+            f"{100 * (1 - tolerance):g}% of the best strategy's held-out gain there (times within "
+            f"{100 * TIME_TOLERANCE:g}% of the fastest count as equal, and then the closer to the best wins)")
 
 
 # ------------------------------------------------------------------ loading
@@ -220,13 +219,6 @@ def cell_description(ref: pd.DataFrame) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ the rule
-def within(value: float, best: float, tolerance: float = TOLERANCE) -> bool:
-    """``value >= best - tolerance * |best|`` (False for a missing value)."""
-    if value is None or not math.isfinite(value):
-        return False
-    return value >= best - tolerance * abs(best)
-
-
 def shortfall(value: float, best: float) -> float:
     """``(best - value) / |best|``, 0 when at or above the best (inf for any loss against a best of 0)."""
     if value is None or not math.isfinite(value):
@@ -238,10 +230,10 @@ def shortfall(value: float, best: float) -> float:
 
 @dataclass(frozen=True)
 class Paired:
-    """The paired differences ``candidate − best`` of one measure on one dataset, over their common seeds.
+    """A mean over seeds and its Student-t interval: of one strategy's values, or of paired differences.
 
-    ``low``/``high`` bound the mean difference at the rule's confidence (Student's t); with one
-    seed there is no noise estimate and both equal the difference.
+    ``low``/``high`` bound the mean at the rule's confidence; with one seed there is no noise
+    estimate and both equal the mean.
     """
 
     mean: float
@@ -250,28 +242,57 @@ class Paired:
     n: int
 
     @classmethod
-    def of(cls, diffs: np.ndarray, confidence: float = CONFIDENCE) -> Paired:
-        diffs = np.asarray(diffs, dtype=float)
-        diffs = diffs[np.isfinite(diffs)]
-        n = len(diffs)
+    def of(cls, values: np.ndarray, confidence: float = CONFIDENCE) -> Paired:
+        values = np.asarray(values, dtype=float)
+        values = values[np.isfinite(values)]
+        n = len(values)
         if n == 0:
             return cls(math.nan, math.nan, math.nan, 0)
-        mean = float(diffs.mean())
+        mean = float(values.mean())
         if n == 1:
             return cls(mean, mean, mean, 1)
-        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * diffs.std(ddof=1) / math.sqrt(n))
+        half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * values.std(ddof=1) / math.sqrt(n))
         return cls(mean, mean - half, mean + half, n)
 
-    def describe(self) -> str:
+    def above_zero(self) -> bool:
+        """The interval lies above 0 (a single seed, with no noise estimate, never does)."""
+        return self.n > 1 and self.low > 0
+
+    def non_inferior(self, best: float, tolerance: float) -> bool:
+        """As paired differences to ``best``: the interval's lower end is at least ``−tolerance · |best|``
+        (for the best itself, whose differences are all 0, always)."""
+        if self.n == 0:
+            return False
+        if self.low == self.high == 0.0:
+            return True
+        return self.n > 1 and self.low >= -tolerance * abs(best)
+
+    def describe(self, percent: bool = False) -> str:
+        f = (lambda x: f"{100 * x:+.3g}%") if percent else (lambda x: f"{x:+.3g}")
         if self.n == 0:
             return "no common seed"
         if self.n == 1:
-            return f"difference {self.mean:+.3g}, 1 seed (no noise estimate)"
-        return f"paired difference {self.mean:+.3g} [{self.low:+.3g}, {self.high:+.3g}] over {self.n} seeds"
+            return f"{f(self.mean)}, 1 seed (no noise estimate)"
+        return f"{f(self.mean)} [{f(self.low)}, {f(self.high)}] over {self.n} seeds"
 
 
 @dataclass
 class Recommendation:
+    """One regime's choice, why, and the evidence.
+
+    Attributes
+    ----------
+    spec : str or None
+        The chosen growth spec (None: no strategy is eligible).
+    verdict : str
+        :data:`GENERALISES` (a strategy qualifies), :data:`CLOSEST` (some lower the held-out loss
+        everywhere, none is within the tolerance of the best everywhere) or :data:`DOES_NOT_GENERALISE`.
+    statement : str
+        The verdict in plain words (what to do when growth does not generalise).
+    fallback : bool
+        The choice does not qualify (the last two verdicts).
+    """
+
     spec: str | None
     rule: str
     fallback: bool
@@ -282,10 +303,12 @@ class Recommendation:
     table: pd.DataFrame = field(default_factory=pd.DataFrame)
     excluded_baselines: list[str] = field(default_factory=list)
     regime: str | None = None
-    #: With a fallback: the ``(dataset, measure)`` pairs where the choice misses the tolerance.
+    #: With a fallback: the datasets where the choice misses the rule, and how.
     forced_by: list[dict] = field(default_factory=list)
-    #: The qualifying strategies as fast as the front-runner (rule step 5): ``{spec: time / front-runner's}``.
+    #: The qualifying strategies as fast as the front-runner (rule step 6): ``{spec: time / front-runner's}``.
     as_fast: dict[str, float] = field(default_factory=dict)
+    verdict: str = GENERALISES
+    statement: str = ""
 
     @property
     def runners_up(self) -> pd.DataFrame:
@@ -297,13 +320,21 @@ class Recommendation:
         others = self.runners_up[self.runners_up.eligible]
         return others.iloc[0] if len(others) else None
 
+    @property
+    def generalises(self) -> bool:
+        return self.verdict != DOES_NOT_GENERALISE
+
     def as_json(self, db: str | None = None) -> dict:
         """This regime's entry of ``strategies/default.json`` (key ``spec`` first)."""
         regime = Regime.parse(self.regime) if self.regime else None
         return {
             "spec": self.spec,
             "regime": regime.describe() if regime else None,
+            "verdict": self.verdict,
+            "generalises": self.generalises,
+            "statement": self.statement,
             "fallback": self.fallback,
+            "tolerance": self.tolerance,
             "forced_by": self.forced_by,
             "as_fast": self.as_fast,
             "datasets": self.cells,
@@ -315,8 +346,6 @@ class Recommendation:
             "db": db,
             "generated": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-
-
 def _num(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
 
@@ -345,7 +374,7 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
     frame : pandas.DataFrame
         Every run of the database, failed ones included (they make a strategy ineligible in their regime).
     tolerance : float
-        How far below the best a value may be, as a fraction of ``|best|``, beyond noise.
+        How far below the best's mean held-out gain a strategy may be, as a share of it, beyond noise.
     device : str, optional
         Compare the runs of this device only (within the regime).
     time_metric : {"t_total", "x_floor"}
@@ -354,7 +383,7 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
         The regime (``"cpu/small"``, ...) whose runs count; default the regime with the most
         successful growth runs (of ``device``'s kind when given).
     confidence : float
-        Confidence of the paired-difference intervals.
+        Confidence of the intervals.
 
     Returns
     -------
@@ -389,25 +418,28 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
     names = preset_names()
     rows = [_strategy_row(s, runs, best, s in eligible, failures.get(s) or partial.get(s), tolerance, names)
             for s in every_growth]
-    table = pd.DataFrame(rows, columns=["strategy", "preset", "time_ms", "x_floor", "eligible", "qualifies",
-                                        "worst_shortfall", "mean_shortfall", "misses", "reason"])
+    table = pd.DataFrame(rows, columns=["strategy", "preset", "time_ms", "x_floor", "eligible", "lowers", "within",
+                                        "qualifies", "worst_shortfall", "mean_shortfall", "worst_gain", "misses",
+                                        "reason"])
     table = table.sort_values([key, "strategy"], na_position="last", kind="stable").reset_index(drop=True)
     tied = as_fast(table, key)
-    chosen, fallback = _choose(table, key, tied)
-    evidence, forced_by = {}, []
+    chosen, verdict = _choose(table, key, tied)
+    evidence, forced_by, statement = {}, [], ""
     if chosen is not None:
-        _explain_choice(table, chosen, fallback, key, tied)
-        evidence = _evidence(chosen, fallback, runs, best, ref, table, tolerance)
-        if tied:
-            evidence["mean_shortfall"] = _num(float(table.loc[table.strategy == chosen, "mean_shortfall"].iloc[0]))
-        if fallback:
+        _explain_choice(table, chosen, verdict, key, tied)
+        evidence = _evidence(chosen, runs, best, ref, table, tolerance)
+        for ds, resolvable in runs.resolvable(eligible, best).items():
+            if ds in evidence:
+                evidence[ds]["resolvable_shortfall"] = _num(resolvable)
+        if verdict != GENERALISES:
             forced_by = table.loc[table.strategy == chosen, "misses"].iloc[0]
+        statement = _statement(chosen, verdict, runs, eligible, evidence, tolerance, regime)
     table["rank"] = range(1, len(table) + 1)
-    return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric, confidence), fallback=fallback,
-                          tolerance=tolerance, datasets=runs.datasets, cells=cell_description(ref), evidence=evidence,
+    return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric, confidence),
+                          fallback=chosen is not None and verdict != GENERALISES, tolerance=tolerance,
+                          datasets=runs.datasets, cells=cell_description(ref), evidence=evidence,
                           table=table.drop(columns="misses"), excluded_baselines=baselines, regime=regime.key,
-                          forced_by=forced_by, as_fast=tied)
-
+                          forced_by=forced_by, as_fast=tied, verdict=verdict, statement=statement)
 
 def recommend_regimes(frame: pd.DataFrame, tolerance: float = TOLERANCE, time_metric: str = "t_total",
                       confidence: float = CONFIDENCE) -> dict[str, Recommendation]:
@@ -455,56 +487,76 @@ def _check_rule_arguments(tolerance: float, time_metric: str) -> None:
 
 @dataclass(frozen=True)
 class _Runs:
-    """The growth strategies' reference runs: per seed, and medians over seeds (rule steps 1 and 3)."""
+    """The growth strategies' reference runs: per seed, and their summaries over seeds (rule steps 1 to 4)."""
 
-    per_seed: pd.DataFrame  # index (strategy, dataset, seed); columns t_total, x_floor and QUALITY
-    table: pd.DataFrame  # medians over seeds, index (strategy, dataset)
+    per_seed: pd.DataFrame  # index (strategy, dataset, seed); columns t_total, x_floor, the gain and the diagnostics
+    medians: pd.DataFrame  # medians over seeds, index (strategy, dataset)
+    means: pd.DataFrame  # means over seeds, index (strategy, dataset)
     datasets: list[str]  # every dataset of the reference runs, baselines' included
     confidence: float
 
+    COLUMNS = ("t_total", "x_floor", DECIDING, "heldout_gain_se", "heldout_batches", *DIAGNOSTICS,
+               "statistics_tokens", "d_e")
+
     @classmethod
     def of(cls, ref: pd.DataFrame, confidence: float = CONFIDENCE) -> _Runs:
-        # Path efficiency above 1 means the search beat the 80-point scan, not that its path is better
-        # than another's: every strategy that reaches its path's best is equal on this measure. It is
-        # NaN where the path holds no decrease at all: nothing to miss there (optimality judges the path).
-        growth = ref[ref.strategy.map(is_growth)].assign(x_floor=lambda d: d.t_total / d.t_floor,
-                                                         path_efficiency=lambda d: d.path_efficiency.clip(upper=1.0)
-                                                         .fillna(1.0))
-        columns = ["t_total", "x_floor", *QUALITY]
-        per_seed = growth.groupby(["strategy", "dataset", "seed"])[columns].median()
-        return cls(per_seed, per_seed.groupby(level=["strategy", "dataset"]).median(), sorted(ref.dataset.unique()),
-                   confidence)
+        growth = ref[ref.strategy.map(is_growth)]
+        per_seed = growth.assign(**measures(growth)).groupby(["strategy", "dataset", "seed"])[
+            list(cls.COLUMNS)].median()
+        by = per_seed.groupby(level=["strategy", "dataset"])
+        return cls(per_seed, by.median(), by.mean(), sorted(ref.dataset.unique()), confidence)
 
     def datasets_of(self, strategy: str) -> set[str]:
         """The datasets on which ``strategy`` has a successful reference run."""
-        if strategy not in self.table.index.get_level_values("strategy"):
+        if strategy not in self.medians.index.get_level_values("strategy"):
             return set()
-        return set(self.table.loc[strategy].index)
+        return set(self.medians.loc[strategy].index)
 
     def value(self, strategy: str, dataset: str, column: str) -> float:
         """The median of ``column`` of ``strategy`` on ``dataset``."""
-        return float(self.table.loc[(strategy, dataset), column])
+        return float(self.medians.loc[(strategy, dataset), column])
 
-    def _by_seed(self, strategy: str, best: str, dataset: str, column: str) -> pd.DataFrame:
-        """``column`` of ``strategy`` (``a``) and of ``best`` (``b``) on ``dataset``, one row per seed both have."""
-        return pd.DataFrame({"a": self.per_seed.loc[(strategy, dataset), column],
-                             "b": self.per_seed.loc[(best, dataset), column]}).dropna()
+    def seeds(self, strategy: str, dataset: str, column: str = DECIDING) -> pd.Series:
+        """``column`` of ``strategy`` on ``dataset``, one value per seed."""
+        return self.per_seed.loc[(strategy, dataset), column]
 
-    def paired(self, strategy: str, best: str, dataset: str, column: str) -> Paired:
+    def gain(self, strategy: str, dataset: str) -> Paired:
+        """The mean held-out gain over seeds and its interval."""
+        return Paired.of(self.seeds(strategy, dataset).to_numpy(), self.confidence)
+
+    def paired(self, strategy: str, best: str, dataset: str, column: str = DECIDING) -> Paired:
         """``strategy − best`` on ``column``, paired by seed on ``dataset``."""
-        ab = self._by_seed(strategy, best, dataset, column)
+        ab = pd.DataFrame({"a": self.seeds(strategy, dataset, column), "b": self.seeds(best, dataset, column)}).dropna()
         return Paired.of((ab.a - ab.b).to_numpy(), self.confidence)
 
-    def on_common_seeds(self, strategy: str, best: str, dataset: str, column: str) -> tuple[float, float]:
-        """The medians of ``column`` of ``strategy`` and of ``best`` over the seeds both ran on ``dataset``
-        (what :meth:`paired` compares, as values a reader can set side by side)."""
-        ab = self._by_seed(strategy, best, dataset, column)
-        return float(ab.a.median()), float(ab.b.median())
+    def seed_verdicts(self, strategy: str, dataset: str) -> tuple[int, int]:
+        """Seeds on which ``strategy`` lowered, and raised, the held-out loss beyond that run's own noise (its gain
+        beyond the 95 % t bound of its standard error over the held-out batches)."""
+        rows = self.per_seed.loc[(strategy, dataset)]
+        k = pd.to_numeric(rows.heldout_batches, errors="coerce").fillna(2).clip(lower=2).to_numpy(dtype=float)
+        se = pd.to_numeric(rows.heldout_gain_se, errors="coerce").fillna(np.inf).to_numpy(dtype=float)
+        bound = stats.t.ppf(0.5 + self.confidence / 2, k - 1) * se
+        return int((rows[DECIDING] > bound).sum()), int((rows[DECIDING] < -bound).sum())
 
-    def worst_seed(self, strategy: str, dataset: str, column: str) -> tuple[float, int]:
-        """The lowest value of ``column`` of ``strategy`` over its seeds on ``dataset``, and that seed."""
-        by_seed = self.per_seed.loc[(strategy, dataset), column]
-        return float(by_seed.min()), int(by_seed.idxmin())
+    def resolvable(self, eligible: set[str], best: dict, power: float = 0.8) -> dict[str, float]:
+        """Per dataset, the shortfall from the best's gain (a share of it) that the rule's paired comparison detects
+        with probability ``power`` over these seeds: ``(t_{1−α/2} + t_{power}) · sd / √n / |best|`` with ``sd`` the
+        median standard deviation of the eligible strategies' paired differences to the best (the noise of a
+        comparison) and ``n`` the seeds."""
+        out = {}
+        for ds, (b, who) in best.items():
+            sds, n = [], 0
+            for s in sorted(eligible):
+                if s == who or ds not in self.datasets_of(s):
+                    continue
+                ab = pd.DataFrame({"a": self.seeds(s, ds), "b": self.seeds(who, ds)}).dropna()
+                if len(ab) > 1:
+                    sds.append(float((ab.a - ab.b).std(ddof=1)))
+                    n = len(ab)
+            if sds and b != 0:
+                t = stats.t.ppf(0.5 + self.confidence / 2, n - 1) + stats.t.ppf(power, n - 1)
+                out[ds] = t * float(np.median(sds)) / math.sqrt(n) / abs(b)
+        return out
 
     def missing_seeds(self) -> dict[str, str]:
         """``{strategy: "ran 1 of 3 seeds on <dataset>"}`` for strategies without every seed of a dataset's
@@ -518,29 +570,39 @@ class _Runs:
                     out[strategy] = f"ran {mine.seed.nunique()} of {len(wanted)} seeds on {ds}"
         return out
 
-    def over_datasets(self, strategy: str, column: str) -> float:
-        """The median over datasets of the per-dataset medians of ``column`` (every dataset weighs the same)."""
+    def over_datasets(self, strategy: str, column: str, table: str = "medians") -> float:
+        """The median over datasets of the per-dataset medians (or means) of ``column``: every dataset weighs the
+        same."""
         have = self.datasets_of(strategy)
-        per_dataset = [self.value(strategy, ds, column) for ds in self.datasets if ds in have]
+        summary = getattr(self, table)
+        per_dataset = [float(summary.loc[(strategy, ds), column]) for ds in self.datasets if ds in have]
         return float(pd.Series(per_dataset).median()) if per_dataset else math.nan
 
-    def best(self, eligible: set[str]) -> dict[str, dict[str, tuple[float, str]]]:
-        """``{dataset: {measure: (best median, its strategy)}}`` among the ``eligible`` strategies.
+    def best(self, eligible: set[str]) -> dict[str, tuple[float, str]]:
+        """``{dataset: (best mean held-out gain, its strategy)}`` among the ``eligible`` strategies.
 
-        Only eligible strategies set the best, so that one that failed, or skipped a dataset, cannot veto the
-        others. A measure that no eligible strategy has on a dataset (e.g. path efficiency of an older
-        database) is left out there.
+        Only eligible strategies set the best, so that one that failed, or skipped a dataset, cannot veto the others.
         """
         best = {}
-        if not eligible:
-            return best
         for ds in self.datasets:
-            if ds not in self.table.index.get_level_values("dataset"):
+            if not eligible or ds not in self.means.index.get_level_values("dataset"):
                 continue
-            m = self.table.xs(ds, level="dataset")
-            m = m[m.index.isin(eligible)]
-            best[ds] = {q: (float(m[q].max()), str(m[q].idxmax())) for q in QUALITY if m[q].notna().any()}
+            m = self.means.xs(ds, level="dataset")
+            m = m[m.index.isin(eligible)][DECIDING].dropna()
+            if len(m):
+                best[ds] = (float(m.max()), str(m.idxmax()))
         return best
+
+
+def measures(runs: pd.DataFrame) -> dict[str, pd.Series]:
+    """The rule's per-run measures from a runs table: the held-out gain and its standard error, the batch gain,
+    ``x_floor``, and path efficiency as the rule reads it (capped at 1: above means the search beat the scan; NaN,
+    where the path holds no decrease at all, counts as 1)."""
+    return {"heldout_gain": runs.heldout_decrease / runs.heldout_before,
+            "heldout_gain_se": runs.heldout_decrease_se / runs.heldout_before,
+            "batch_gain": runs.loss_decrease / runs.loss_before,
+            "x_floor": runs.t_total / runs.t_floor,
+            "path_efficiency": runs.path_efficiency.clip(upper=1.0).fillna(1.0)}
 
 
 def _failure_notes(frame: pd.DataFrame) -> dict[str, str]:
@@ -550,72 +612,60 @@ def _failure_notes(frame: pd.DataFrame) -> dict[str, str]:
             for s, runs in frame[frame.status != "ok"].groupby("strategy")}
 
 
-def _quality_misses(strategy: str, runs: _Runs, best: dict, tolerance: float) -> tuple[float, list[str], list[dict]]:
-    """The worst shortfall of ``strategy`` from the best beyond noise, the misses per dataset as text, and as data.
-
-    On each dataset and measure the candidate's most favourable value within noise is
-    ``best + high`` (``high``: the upper bound of the paired difference); it must be within
-    the tolerance of the best. Its path efficiency on its worst seed must reach
-    :data:`PATH_EFFICIENCY_FLOOR`; a miss counts its shortfall from the floor.
-    """
-    worst, text, data = 0.0, [], []
-    have = runs.datasets_of(strategy)
+def _judged(strategy: str, runs: _Runs, best: dict, tolerance: float) -> list[dict]:
+    """Rule step 4 for ``strategy`` on each of its datasets: its gain's interval, whether it lowers the held-out
+    loss, its paired difference to the best and whether it is within the tolerance, and its shortfall."""
+    out = []
     for ds in runs.datasets:
-        if ds not in have:
+        if ds not in runs.datasets_of(strategy) or ds not in best:
             continue
-        short = []
-        for q in QUALITY:
-            if q not in best.get(ds, {}):
-                continue
-            b, who = best[ds][q]
-            v = runs.value(strategy, ds, q)
-            pair = runs.paired(strategy, who, ds, q)
-            optimistic = b + pair.high if pair.n else math.nan
-            worst = max(worst, shortfall(optimistic, b))
-            if not within(optimistic, b, tolerance):
-                # Shown on the seeds both ran: a candidate with one seed is not set against the best's median
-                # over three (its 0.66 could read as above a best of 0.57 that was 0.70 on that seed).
-                v_c, b_c = runs.on_common_seeds(strategy, who, ds, q) if pair.n else (v, b)
-                pct = f"{-100 * shortfall(v_c, b_c):+.1f}%" if b_c != 0 else "below a best of 0"
-                short.append(f"{QUALITY_NAMES[q]} {v_c:.3g} vs {b_c:.3g} ({pct}; {pair.describe()})")
-                data.append({"dataset": ds, "measure": q, "value": _num(v), "best": _num(b), "best_strategy": who,
-                             "difference": _num(pair.mean), "interval": [_num(pair.low), _num(pair.high)],
-                             "seeds": pair.n})
-        lowest, seed = runs.worst_seed(strategy, ds, "path_efficiency")
-        if lowest < PATH_EFFICIENCY_FLOOR:
-            worst = max(worst, shortfall(lowest, PATH_EFFICIENCY_FLOOR))
-            short.append(f"path efficiency {lowest:.3g} on seed {seed}, below the floor of "
-                         f"{100 * PATH_EFFICIENCY_FLOOR:g}%")
-            data.append({"dataset": ds, "measure": "path_efficiency", "value": _num(lowest),
-                         "best": PATH_EFFICIENCY_FLOOR, "best_strategy": "the floor", "seed": seed})
-        if short:
-            text.append(f"{ds}: {', '.join(short)}")
-    return worst, text, data
+        b, who = best[ds]
+        gain, diff = runs.gain(strategy, ds), runs.paired(strategy, who, ds)
+        out.append({"dataset": ds, "gain": gain, "lowers": gain.above_zero(), "best": b, "best_strategy": who,
+                    "difference": diff, "within": diff.non_inferior(b, tolerance),
+                    "shortfall": shortfall(gain.mean, b)})
+    return out
 
 
 def _strategy_row(strategy: str, runs: _Runs, best: dict, eligible: bool, failure: str | None,
                   tolerance: float, names: dict[str, str]) -> dict:
-    """One line of the recommendation's table: times, eligibility, quality and the reasons it may lose."""
-    worst, misses, data = _quality_misses(strategy, runs, best, tolerance)
-    # Medians, not the optimistic values: what separates strategies that are as fast within noise.
-    gaps = [min(shortfall(runs.value(strategy, ds, q), best[ds][q][0]), 1.0)
-            for ds in sorted(runs.datasets_of(strategy)) for q in STEP_QUALITY if q in best.get(ds, {})]
+    """One line of the recommendation's table: times, eligibility, the rule's verdicts and the reasons it may lose."""
+    judged = _judged(strategy, runs, best, tolerance)
     missing = [ds for ds in runs.datasets if ds not in runs.datasets_of(strategy)]
     reasons = [failure] if failure else []
     if missing:
         reasons.append(f"no run on {', '.join(missing)}")
-    if misses:
-        reasons.append(f"more than {100 * tolerance:g}% short of the best beyond noise, or under the path "
-                       f"efficiency floor, on " + "; ".join(misses))
+    misses = []
+    for j in judged:
+        if not j["lowers"]:
+            misses.append({"dataset": j["dataset"], "measure": "lowers", "gain": _interval(j["gain"])})
+            reasons.append(f"{j['dataset']}: does not lower the held-out loss beyond noise (gain "
+                           f"{j['gain'].describe(percent=True)})")
+        if not j["within"]:
+            misses.append({"dataset": j["dataset"], "measure": "within", "gain": _num(j["gain"].mean),
+                           "best": _num(j["best"]), "best_strategy": j["best_strategy"],
+                           "difference": _interval(j["difference"])})
+            reasons.append(f"{j['dataset']}: not shown within {100 * tolerance:g}% of the best's gain "
+                           f"({100 * j['gain'].mean:.3g}% vs {100 * j['best']:.3g}%, paired difference "
+                           f"{j['difference'].describe(percent=True)})")
+    complete = bool(judged) and not missing
     return dict(strategy=strategy, preset=names.get(strategy, ""),
-                time_ms=1e3 * runs.over_datasets(strategy, "t_total"),
-                x_floor=runs.over_datasets(strategy, "x_floor"), eligible=eligible,
-                qualifies=eligible and not misses, worst_shortfall=worst,
-                mean_shortfall=float(np.mean(gaps)) if gaps else math.nan, misses=data, reason="; ".join(reasons))
+                time_ms=1e3 * runs.over_datasets(strategy, "t_total"), x_floor=runs.over_datasets(strategy, "x_floor"),
+                eligible=eligible, lowers=complete and all(j["lowers"] for j in judged),
+                within=complete and all(j["within"] for j in judged),
+                qualifies=eligible and complete and not misses,
+                worst_shortfall=max((j["shortfall"] for j in judged), default=math.inf),
+                mean_shortfall=float(np.mean([min(j["shortfall"], 1.0) for j in judged])) if judged else math.nan,
+                worst_gain=min((j["gain"].mean for j in judged), default=-math.inf),
+                misses=misses, reason="; ".join(reasons))
+
+
+def _interval(p: Paired) -> list:
+    return [_num(p.mean), _num(p.low), _num(p.high), p.n]
 
 
 def as_fast(table: pd.DataFrame, key: str) -> dict[str, float]:
-    """The qualifying strategies as fast as the front-runner (rule step 5), each with its time as a multiple of
+    """The qualifying strategies as fast as the front-runner (rule step 6), each with its time as a multiple of
     the front-runner's (the front-runner first, at 1). ``table`` is sorted by time."""
     qualifying = table[table.qualifies]
     if qualifying.empty:
@@ -625,33 +675,37 @@ def as_fast(table: pd.DataFrame, key: str) -> dict[str, float]:
             if getattr(r, key) <= (1 + TIME_TOLERANCE) * front}
 
 
-def _choose(table: pd.DataFrame, key: str, tied: dict[str, float]) -> tuple[str | None, bool]:
-    """``(choice, fallback)``: of the strategies as fast as the front-runner (``tied``), the closest to the best;
-    else the eligible one with the smallest worst shortfall, from the best beyond noise or from the path efficiency
-    floor (rule steps 4 to 6); ``(None, False)`` when none is eligible."""
+def _choose(table: pd.DataFrame, key: str, tied: dict[str, float]) -> tuple[str | None, str]:
+    """``(choice, verdict)`` by rule steps 6 and 7; ``(None, verdict)`` when no strategy is eligible."""
     if tied:
         candidates = table[table.strategy.isin(list(tied))]
-        return candidates.sort_values(["mean_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, False
+        return candidates.sort_values(["mean_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, GENERALISES
     eligible = table[table.eligible]
+    lowering = eligible[eligible.lowers]
+    if len(lowering):
+        return lowering.sort_values(["worst_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, CLOSEST
     if len(eligible):
-        return eligible.sort_values(["worst_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, True
-    return None, False
+        harm_least = eligible.assign(harm=-eligible.worst_gain)
+        return harm_least.sort_values(["harm", key, "strategy"], kind="stable").iloc[0].strategy, DOES_NOT_GENERALISE
+    return None, DOES_NOT_GENERALISE
 
 
-def _explain_choice(table: pd.DataFrame, chosen: str, fallback: bool, key: str, tied: dict[str, float]) -> None:
+def _explain_choice(table: pd.DataFrame, chosen: str, verdict: str, key: str, tied: dict[str, float]) -> None:
     """Give the choice, and every qualifying strategy it beat, their reasons (in ``table``, in place)."""
     mine = table.loc[table.strategy == chosen].iloc[0]
     front = mine[key] / tied[chosen] if chosen in tied else math.nan  # the front-runner's time
     unit = " ms" if key == "time_ms" else "× the floor"
+    why = {GENERALISES: "",
+           CLOSEST: f" (fallback: nothing qualifies; its worst shortfall from the best's held-out gain is "
+                    f"{100 * mine.worst_shortfall:.1f}%)",
+           DOES_NOT_GENERALISE: f" (fallback: no strategy lowers the held-out loss on every dataset; this one harms "
+                                f"least, mean held-out gain {100 * mine.worst_gain:+.3g}% on its worst dataset)"}
     for i, r in table.iterrows():
         if r.strategy == chosen:
-            table.at[i, "reason"] = "chosen" + (
-                f" (fallback: nothing qualifies; its worst shortfall, from the best beyond noise or from the floor, "
-                f"is {100 * r.worst_shortfall:.1f}%)"
-                if fallback else "")
+            table.at[i, "reason"] = "chosen" + why[verdict]
         elif r.strategy in tied:
             gaps = " vs ".join(_distinct_percents(r.mean_shortfall, mine.mean_shortfall))
-            lost = (f"further from the best: mean shortfall in optimality and path efficiency {gaps}"
+            lost = (f"further from the best: mean shortfall from the best's held-out gain {gaps}"
                     if r.mean_shortfall > mine.mean_shortfall else
                     f"as close to the best (mean shortfall {gaps}) and "
                     + ("slower" if r[key] > mine[key] else "after it in spec order"))
@@ -673,33 +727,66 @@ def _distinct_percents(a: float, b: float) -> tuple[str, str]:
     return pa, pb
 
 
-def _evidence(chosen: str, fallback: bool, runs: _Runs, best: dict, ref: pd.DataFrame, table: pd.DataFrame,
+def _evidence(chosen: str, runs: _Runs, best: dict, ref: pd.DataFrame, table: pd.DataFrame,
               tolerance: float) -> dict:
-    """The choice's medians against the best, with the paired interval, per dataset; its medians over datasets."""
+    """The choice's held-out gain against the best per dataset, with its intervals and per-seed counts, and the
+    step's diagnostics; its summaries over datasets."""
     evidence = {}
-    for ds in runs.datasets:
-        e = {"time_ms": _num(1e3 * runs.value(chosen, ds, "t_total")),
-             "x_floor": _num(runs.value(chosen, ds, "x_floor")),
-             "seeds": int(((ref.strategy == chosen) & (ref.dataset == ds)).sum())}
-        for qn in QUALITY:
-            if qn in best.get(ds, {}):
-                b, who = best[ds][qn]
-                v = runs.value(chosen, ds, qn)
-                pair = runs.paired(chosen, who, ds, qn)
-                e[qn] = _num(v)
-                e[f"best_{qn}"] = _num(b)
-                e[f"best_{qn}_strategy"] = who
-                e[f"{qn}_difference"] = [_num(pair.mean), _num(pair.low), _num(pair.high), pair.n]
-                e[f"{qn}_within"] = within(b + pair.high if pair.n else math.nan, b, tolerance)
-        evidence[ds] = e
-    row = table.loc[table.strategy == chosen]
-    evidence["median_time_ms"] = _num(float(row.time_ms.iloc[0]))
-    evidence["median_x_floor"] = _num(float(row.x_floor.iloc[0]))
-    for qn in QUALITY:
-        evidence[f"median_{qn}"] = _num(runs.over_datasets(chosen, qn))
-    if fallback:
-        evidence["qualifies_from_tolerance"] = _num(float(row.worst_shortfall.iloc[0]))
+    for j in _judged(chosen, runs, best, tolerance):
+        ds = j["dataset"]
+        lowered, raised = runs.seed_verdicts(chosen, ds)
+        evidence[ds] = {
+            "time_ms": _num(1e3 * runs.value(chosen, ds, "t_total")),
+            "x_floor": _num(runs.value(chosen, ds, "x_floor")),
+            "seeds": int(((ref.strategy == chosen) & (ref.dataset == ds)).sum()),
+            "heldout_gain": _interval(j["gain"]),
+            "lowers": j["lowers"],
+            "seeds_lowered": lowered,
+            "seeds_raised": raised,
+            "best_heldout_gain": _num(j["best"]),
+            "best_strategy": j["best_strategy"],
+            "difference": _interval(j["difference"]),
+            "within": j["within"],
+            **{q: _num(runs.value(chosen, ds, q)) for q in DIAGNOSTICS},
+            "statistics_tokens": _num(runs.value(chosen, ds, "statistics_tokens")),
+            "tokens_per_d_e2": _num(runs.value(chosen, ds, "statistics_tokens") / runs.value(chosen, ds, "d_e") ** 2),
+        }
+    row = table.loc[table.strategy == chosen].iloc[0]
+    evidence["median_time_ms"] = _num(float(row.time_ms))
+    evidence["median_x_floor"] = _num(float(row.x_floor))
+    evidence["median_heldout_gain"] = _num(runs.over_datasets(chosen, DECIDING, "means"))
+    for q in DIAGNOSTICS:
+        evidence[f"median_{q}"] = _num(runs.over_datasets(chosen, q))
+    evidence["mean_shortfall"] = _num(float(row.mean_shortfall))
+    evidence["worst_shortfall"] = _num(float(row.worst_shortfall))
     return evidence
+
+
+def _statement(chosen: str, verdict: str, runs: _Runs, eligible: set[str], evidence: dict, tolerance: float,
+               regime: Regime) -> str:
+    """The regime's verdict in plain words."""
+    if verdict == GENERALISES:
+        return (f"{chosen} lowers the held-out loss beyond noise on every dataset of {regime.describe()} and keeps, "
+                f"beyond noise, at least {100 * (1 - tolerance):g}% of the best strategy's held-out gain there.")
+    if verdict == CLOSEST:
+        return (f"Every dataset of {regime.describe()} has growth strategies that lower the held-out loss beyond "
+                f"noise, but none keeps {100 * (1 - tolerance):g}% of the best one's gain on every dataset beyond "
+                f"noise; {chosen} comes closest (its worst shortfall from the best's gain: "
+                f"{100 * evidence['worst_shortfall']:.0f}%).")
+    nowhere = [ds for ds in runs.datasets if not any(runs.gain(s, ds).above_zero() for s in eligible
+                                                      if ds in runs.datasets_of(s))]
+    tokens = [f"{ds}: {evidence[ds]['statistics_tokens']:.0f} tokens, {evidence[ds]['tokens_per_d_e2']:.2g} per entry "
+              "of P" for ds in nowhere if ds in evidence and evidence[ds]["statistics_tokens"] is not None]
+    worst = min((ds for ds in evidence if isinstance(evidence[ds], dict)),
+                key=lambda ds: evidence[ds]["heldout_gain"][0], default=None)
+    if worst is None:
+        return ("These runs hold no held-out gain (runs from before it was measured): the rule cannot tell whether "
+                f"growth generalises here; {chosen} is named only as the first eligible strategy.")
+    return (f"Growth with these statistics does not generalise here: on {', '.join(nowhere)}, no growth strategy "
+            f"lowers the held-out loss beyond noise ({'; '.join(tokens) or 'statistics tokens not recorded'}). Use "
+            f"more statistics tokens, or do not grow. strategies.make(\"default\") runs {chosen}, the strategy that "
+            f"harms least (mean held-out gain {100 * evidence[worst]['heldout_gain'][0]:+.3g}% on its worst dataset, "
+            f"{worst}), and records this in the growth's fallback.")
 
 
 # ------------------------------------------------------------------ output
@@ -716,15 +803,14 @@ def format_text(rec: Recommendation) -> str:
         lines.append("choice: none: no growth strategy is eligible (never failed and ran on every dataset)")
     else:
         tag = f" (preset {names[rec.spec]})" if rec.spec in names else ""
-        lines.append(f"choice: {rec.spec}{tag}" + ("  [FALLBACK: no strategy meets the rule]" if rec.fallback else ""))
+        flag = {GENERALISES: "", CLOSEST: "  [FALLBACK: nothing qualifies]",
+                DOES_NOT_GENERALISE: "  [GROWTH DOES NOT GENERALISE HERE]"}[rec.verdict]
+        lines.append(f"choice: {rec.spec}{tag}{flag}")
+        lines.append("  " + rec.statement)
         lines.append(f"  median over datasets of per-dataset median t_total: {rec.evidence['median_time_ms']:.3g} ms; "
                      f"of t_total/t_floor: {rec.evidence['median_x_floor']:.3g}×")
-        if rec.fallback:
-            lines.append(f"  no eligible strategy is within {100 * rec.tolerance:g}% everywhere beyond noise and above "
-                         "the path efficiency floor; this one has the smallest worst shortfall ("
-                         f"{100 * rec.evidence['qualifies_from_tolerance']:.1f}%), forced by: "
-                         + "; ".join(f"{f['dataset']} {QUALITY_NAMES[f['measure']]}" for f in rec.forced_by))
-        lines.append("evidence (medians over seeds; best = best eligible strategy on that dataset):")
+        lines.append("evidence (held-out gain: mean over seeds [95% interval]; best = best eligible strategy's mean; "
+                     "diagnostics: medians):")
         lines += ["  " + ln for ln in evidence_frame(rec).to_string().splitlines()]
     lines += ["", "runners-up (by median time; ms and multiple of the floor):"]
     if rec.spec is not None:
@@ -737,28 +823,33 @@ def format_text(rec: Recommendation) -> str:
 
 
 def evidence_frame(rec: Recommendation) -> pd.DataFrame:
-    """One row per dataset: the choice's time and each measure against the best (``value / best``), as text."""
+    """One row per dataset: the choice's held-out gain with its interval against the best, per-seed counts, time and
+    the diagnostics, as text."""
     rows = {}
     for ds, e in rec.evidence.items():
         if not isinstance(e, dict):
             continue
-        row = {"time_ms": f"{e['time_ms']:.3g}", "x_floor": f"{e['x_floor']:.3g}"}
-        for q in QUALITY:
-            if q in e:
-                row[q] = f"{e[q]:.4g} / {e[f'best_{q}']:.4g}" + ("" if e[f"{q}_within"] else " (NO)")
-        rows[ds] = row
+        mean, low, high, n = e["heldout_gain"]
+        rows[ds] = {
+            "held-out gain": f"{100 * mean:+.3g}% [{100 * low:+.3g}, {100 * high:+.3g}]"
+                             + ("" if e["lowers"] else " (not > 0)"),
+            "best": f"{100 * e['best_heldout_gain']:+.3g}%" + ("" if e["within"] else " (NOT within)"),
+            "seeds lowered/raised": f"{e['seeds_lowered']}/{e['seeds_raised']} of {n}",
+            "time_ms": f"{e['time_ms']:.3g}",
+            **{QUALITY_NAMES[q]: f"{e[q]:.3g}" if e[q] is not None else "–" for q in DIAGNOSTICS},
+        }
     return pd.DataFrame(rows).T
 
 
 def what_to_use(recs: dict[str, Recommendation]) -> pd.DataFrame:
-    """One row per regime: its choice, time, quality medians over datasets, and the runner-up with its reason."""
+    """One row per regime: its choice and verdict, time, held-out gain and diagnostics over datasets, the runner-up."""
     rows = []
     for key, rec in recs.items():
         ev, up = rec.evidence, rec.runner_up
         rows.append({
-            "regime": Regime.parse(key).describe(), "spec": rec.spec or "none", "fallback": rec.fallback,
-            "time_ms": ev.get("median_time_ms"), "x_floor": ev.get("median_x_floor"),
-            **{q: ev.get(f"median_{q}") for q in QUALITY},
+            "regime": Regime.parse(key).describe(), "spec": rec.spec or "none", "verdict": rec.verdict,
+            "fallback": rec.fallback, "time_ms": ev.get("median_time_ms"), "x_floor": ev.get("median_x_floor"),
+            "heldout_gain": ev.get("median_heldout_gain"), **{q: ev.get(f"median_{q}") for q in DIAGNOSTICS},
             "datasets": len(rec.datasets),
             "seeds": min((e["seeds"] for e in ev.values() if isinstance(e, dict)), default=0),
             "runner_up": None if up is None else up.strategy,
@@ -770,13 +861,14 @@ def what_to_use(recs: dict[str, Recommendation]) -> pd.DataFrame:
 def format_regimes(recs: dict[str, Recommendation]) -> str:
     """Every regime's :func:`format_text`, after a what-to-use summary."""
     table = what_to_use(recs)
-    summary = ["what to use (per regime; medians over datasets):"]
+    summary = ["what to use (per regime; held-out gain: median over datasets of the mean over seeds):"]
     for r in table.itertuples():
-        quality = ", ".join(f"{QUALITY_NAMES[q]} {getattr(r, q):.3g}" for q in QUALITY
-                            if getattr(r, q) is not None and math.isfinite(getattr(r, q)))
-        summary.append(f"  {r.regime:24s} {r.spec}{'  [FALLBACK]' if r.fallback else ''}  "
-                       f"({r.time_ms:.3g} ms, {r.x_floor:.3g}× floor; {quality})" if r.time_ms is not None else
-                       f"  {r.regime:24s} none")
+        if r.time_ms is None:
+            summary.append(f"  {r.regime:24s} none")
+            continue
+        flag = "" if r.verdict == GENERALISES else f"  [{r.verdict.upper()}]"
+        summary.append(f"  {r.regime:24s} {r.spec}{flag}  ({r.time_ms:.3g} ms, {r.x_floor:.3g}× floor; held-out "
+                       f"gain {100 * r.heldout_gain:+.3g}%)")
     return "\n\n".join(["\n".join(summary), *(format_text(rec) for rec in recs.values())])
 
 
@@ -805,9 +897,12 @@ def default_file() -> Path:
 
 
 def write_default(recs: Recommendation | dict[str, Recommendation], db: str | Path,
-                  path: str | Path | None = None) -> Path:
-    """Write one choice per regime to ``strategies/default.json`` (or ``path``), which
-    ``strategies.make("default")`` reads.
+                  path: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Write one choice per regime into ``strategies/default.json`` (or ``path``), which
+    ``strategies.make("default")`` reads, keeping the regimes this database has no evidence for.
+
+    The file is written to a temporary file beside it and renamed over it (never through a symlink
+    at ``path``, and a kill leaves the old file whole).
 
     Parameters
     ----------
@@ -817,6 +912,11 @@ def write_default(recs: Recommendation | dict[str, Recommendation], db: str | Pa
         The database the evidence comes from (recorded).
     path : str or Path, optional
         Where to write; default the package's ``default.json``.
+
+    Returns
+    -------
+    (Path, list of str)
+        The file, and one line per regime whose entry changed, was added or was kept from the file.
 
     Raises
     ------
@@ -836,9 +936,53 @@ def write_default(recs: Recommendation | dict[str, Recommendation], db: str | Pa
             check_default_choice(rec.spec)
         except ValueError as e:
             raise ValueError(f"not written to {path}: {e}") from None
+    shipped = _shipped_regimes(path)
     db_text = str(Path(db).resolve())
-    data = {"rule": next(iter(recs.values())).rule,
-            "regimes": {key: rec.as_json(db_text) for key, rec in recs.items()},
-            "db": db_text, "generated": datetime.now(UTC).isoformat(timespec="seconds")}
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    return path
+    regimes = {r.key: shipped[r.key] for r in all_regimes() if r.key in shipped and r.key not in recs}
+    regimes.update({key: rec.as_json(db_text) for key, rec in recs.items()})
+    changes = []
+    for key in (r.key for r in all_regimes()):
+        old, new = shipped.get(key, {}).get("spec"), regimes.get(key, {}).get("spec")
+        if key not in recs and key in shipped:
+            changes.append(f"{key}: kept {old} (no evidence in this database)")
+        elif key in recs:
+            changes.append(f"{key}: {new} ({'unchanged' if old == new else f'was {old}' if old else 'added'}; "
+                           f"{recs[key].verdict})")
+    data = {"rule": next(iter(recs.values())).rule, "regimes": regimes, "db": db_text,
+            "generated": datetime.now(UTC).isoformat(timespec="seconds")}
+    replace_file(path, json.dumps(data, indent=2) + "\n")
+    return path, changes
+
+
+def _shipped_regimes(path: Path) -> dict[str, dict]:
+    """The regime entries of the file at ``path`` that name a valid choice; none when it is missing, not a regular
+    file (a FIFO would block the read) or not a default file."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return {}
+    regimes = data.get("regimes") if isinstance(data, dict) else None
+    if not isinstance(regimes, dict):
+        return {}
+    out = {}
+    for key, entry in regimes.items():
+        try:
+            Regime.parse(key)
+            check_default_choice(entry.get("spec") if isinstance(entry, dict) else None)
+        except ValueError:
+            continue
+        out[key] = entry
+    return out
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file in ``path``'s folder and rename it over ``path``: a kill leaves the old
+    file whole, and a symlink at ``path`` is replaced, never written through."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

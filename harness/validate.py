@@ -330,6 +330,8 @@ def check_run_config(cfg) -> None:
         check_int(name, getattr(cfg, name), 1)
     check_int("warmup_steps", cfg.warmup_steps, 0)
     check_int("seed", cfg.seed, 0)
+    # Two at least: the held-out decrease's standard error is their spread.
+    check_int("heldout_batches", cfg.heldout_batches, 2)
     d_in = input_width(cfg.dataset, cfg.d_e)
     if cfg.d_k + cfg.p > d_in:
         width = f"d_e + 1 = {d_in} (the head's input has a ones column)" if d_in > cfg.d_e else f"d_e = {cfg.d_e}"

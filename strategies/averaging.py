@@ -50,6 +50,12 @@ class Averaging(ABC):
         Fallbacks are appended to ``log``; solver diagnostics go into ``info``.
         """
 
+    def direction_and_halves(self, stats: Statistics, log: list[str],
+                             info: dict) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """``P`` and the directions ``(P_a, P_b)`` made the same way from each half of the samples, with
+        ``P_a + P_b = P`` (docs/mathematics.md §5.4), or None where the formula cannot split (the default)."""
+        return self.direction(stats, log, info), None
+
 
 class _PerSampleStatistics(Statistics):
     """Adds ``Σ_b X_b^† G_b X_b^†ᵀ``, computed batched at each update (memory ``O(d_e²)``)."""
@@ -58,10 +64,12 @@ class _PerSampleStatistics(Statistics):
         super().__init__()
         self.inverse = inverse
         self.sum_P: Tensor | None = None
+        self.sum_P_even: Tensor | None = None
 
     def _accumulate(self, X: Tensor, G: Tensor, GX: Tensor, mask: Tensor | None) -> None:
-        P = self.inverse.data_sandwich(X, G, self.log, GX=GX).sum(dim=0)
-        self.sum_P = P if self.sum_P is None else self.sum_P + P
+        P = self.inverse.data_sandwich(X, G, self.log, GX=GX)
+        self._add_to("sum_P", P.sum(dim=0))
+        self._add_to("sum_P_even", P[self.even_samples(X.shape[0], X.device)].sum(dim=0))
 
 
 @register("averaging")
@@ -79,6 +87,11 @@ class PerSample(Averaging):
             raise ValueError("per-sample needs statistics from its own new_statistics()")
         return stats.sum_P / stats.n
 
+    def direction_and_halves(self, stats, log, info):
+        P = self.direction(stats, log, info)
+        even = stats.sum_P_even / stats.n
+        return P, (even, P - even)
+
 
 @register("averaging")
 class Gram(Averaging):
@@ -87,11 +100,23 @@ class Gram(Averaging):
     name = "gram"
 
     def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
-        factor = self.inverse.factor(stats.mean_A, log)
+        return self.direction_and_halves(stats, log, info, split=False)[0]
+
+    def direction_and_halves(self, stats, log, info, split: bool = True):
+        # The halves let a ridge choose its strength (inverse ridge); the others ignore them.
+        halves = stats.half_sums()
+        factor = self.inverse.factor(stats.mean_A, log, halves=halves)
         if factor.null_dims:
             info["null_directions"] = factor.null_dims
+        if getattr(factor, "alpha", None) is not None:
+            info["ridge_alpha"] = factor.alpha
+            info["ridge_cosine"] = factor.cosine
         info["factor_host_syncs"] = factor.host_syncs
-        return factor.sandwich(stats.mean_M)
+        P = factor.sandwich(stats.mean_M)
+        if not split:
+            return P, None
+        even = factor.sandwich(halves[0] / stats.n)
+        return P, (even, P - even)
 
 
 class _MeanInputStatistics(Statistics):
@@ -108,9 +133,8 @@ class _MeanInputStatistics(Statistics):
                 f"mean-input averages sequences position by position: every batch needs "
                 f"d_s={self.sum_X.shape[0]}, got {X.shape[1]}"
             )
-        sx, sg = X.sum(dim=0), G.sum(dim=0)
-        self.sum_X = sx if self.sum_X is None else self.sum_X + sx
-        self.sum_G = sg if self.sum_G is None else self.sum_G + sg
+        self._add_to("sum_X", X.sum(dim=0))
+        self._add_to("sum_G", G.sum(dim=0))
 
 
 @register("averaging")
@@ -147,13 +171,18 @@ class _JointStatistics(Statistics):
         # directions of E[A], so float32 sums would decide those directions by noise.
         Xd = X.double()
         M = Xd.reshape(-1, X.shape[-1]).mT @ (G.double() @ Xd).reshape(-1, X.shape[-1])
-        self.sum_M64 = M if self.sum_M64 is None else self.sum_M64 + M
         if self.Xs and self.Xs[0].shape[1] != X.shape[1]:
             raise ValueError(
                 f"joint keeps batches stacked: every batch needs d_s={self.Xs[0].shape[1]}, got {X.shape[1]}"
             )
+        self._add_to("sum_M64", M)
         self.Xs.append(X.detach())
         self.masks.append(None if mask is None else mask.expand(X.shape[0], -1, -1))
+
+    def without_last(self) -> _JointStatistics:
+        out = super().without_last()
+        out.Xs, out.masks = self.Xs[:-1], self.masks[:-1]
+        return out
 
     def stacked(self) -> tuple[Tensor, Tensor | None]:
         """All samples ``X (N, d_s, d_e)`` and their masks ``(N, d_s, d_s)`` (None if none was given)."""

@@ -13,7 +13,7 @@ from torch import Tensor
 from .growth import GrowthStrategy, StepContext, Strategy
 from .registry import REGISTRY
 from .result import GrowthResult
-from .spec import DefaultChoice, Spec, default_choice
+from .spec import DEFAULT_FILE, DefaultChoice, Spec, default_choice
 from .statistics import Statistics
 
 
@@ -59,7 +59,8 @@ def make(
     inv = REGISTRY["inverse"][parsed.inverse](**(inverse or {}))
     avg = REGISTRY["averaging"][parsed.averaging](inv, **(averaging or {}))
     trunc = REGISTRY["truncation"][parsed.truncation](metric=parsed.metric, **(truncation or {}))
-    ls = REGISTRY["line_search"][parsed.line_search](method=parsed.method, **(line_search or {}))
+    ls = REGISTRY["line_search"][parsed.line_search](method=parsed.method, holdout=parsed.holdout,
+                                                      shrink=parsed.shrink, **(line_search or {}))
     return GrowthStrategy(avg, trunc, ls, str(parsed))
 
 
@@ -70,7 +71,8 @@ class DefaultStrategy(Strategy):
     ``d_e``; its spec from ``strategies/default.json`` (:func:`strategies.spec.default_choice`,
     nearest regime with evidence when it has none). The result's ``spec`` is the spec that
     ran; ``info["default_regime"]`` names the regime, and a borrowed choice is recorded in
-    ``fallback``.
+    ``fallback``, as is a regime where the evidence says growth does not generalise (the
+    spec that ran is then the one that harms least).
 
     Parameters
     ----------
@@ -133,6 +135,10 @@ class DefaultStrategy(Strategy):
         result.info["default_regime"] = chosen.regime.key
         if chosen.note:
             result.fallback.append(f"default: {chosen.note}")
+        if not chosen.generalises:
+            result.fallback.append(
+                f"default: growth does not generalise in {(chosen.source or chosen.regime).describe()} by the "
+                f"evidence of {DEFAULT_FILE}; ran {chosen.spec}, the strategy that harms least ({chosen.statement})")
         return result
 
     # grow and direction delegate whole; these keep the abstract interface honest for callers of the parts.

@@ -37,6 +37,7 @@ from ._checks import check_batch, check_factors, check_scale, compute_dtype, pow
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem
 from .result import GrowthResult
+from .signal import signal_share
 from .statistics import Statistics
 from .timing import synchronize, timed
 from .truncation import Metric, Truncation
@@ -109,6 +110,9 @@ class StepContext:
     g_scale : float
         ``G`` here is the caller's ``G`` divided by ``g_scale`` (a power of two, 1 unless
         the caller's was extreme): quantities in units of ``G`` are multiplied back by it.
+    heldout_samples : Tensor or None
+        ``(b,)`` bool: the samples of the batch that a ``+holdout`` line search chooses λ on
+        when the statistics came from the others (None: every sample, see ``grow``).
     """
 
     X: Tensor
@@ -126,12 +130,15 @@ class StepContext:
     M_batch: Tensor | None = None
     loss_after: float | None = None
     g_scale: float = 1.0
+    heldout_samples: Tensor | None = None
 
 
 class Strategy(ABC):
     """Common interface: ``new_statistics``, ``direction``, ``grow``."""
 
     spec: str = ""
+    #: Whether ``grow`` chooses λ on data the statistics did not see (a ``+holdout`` line search).
+    holds_out: bool = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"
@@ -150,7 +157,8 @@ class Strategy(ABC):
     ) -> tuple[Tensor, Tensor, float]:
         """The new factors and λ; may set ``ctx.loss_after``."""
 
-    def _stats(self, X: Tensor, G: Tensor, mask: Tensor | None, stats: Statistics | None) -> Statistics:
+    def _stats(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
+        X, G, mask = ctx.X, ctx.G, ctx.mask
         if stats is None:
             return self.new_statistics()._add(X, G, mask)  # grow() has validated the batch
         if type(stats) is not type(self.new_statistics()):
@@ -236,7 +244,12 @@ class Strategy(ABC):
         stats : Statistics, optional
             Statistics from any number of batches; the direction comes from them
             instead of from ``(X, G)`` alone. Their dtype and device may differ from
-            ``X``'s: the direction made from them is converted.
+            ``X``'s: the direction made from them is converted. A ``+holdout`` strategy
+            chooses λ on data the direction did not see: when ``X`` is the last batch the
+            statistics accumulated, it is taken out of them (:meth:`Statistics.without_last`);
+            when they never saw ``X``, they are used whole; without statistics, or when ``X``
+            is their only batch, the direction comes from the batch's samples of even index
+            and λ from those of odd index (recorded in ``info["holdout"]``).
 
         Returns
         -------
@@ -248,7 +261,8 @@ class Strategy(ABC):
         Raises
         ------
         ValueError
-            Bad input, or a loss that is not finite at the current scores.
+            Bad input, a loss that is not finite at the current scores, or (``+holdout``)
+            statistics that hold ``X`` as another batch than their last.
         FloatingPointError
             New factors that are not finite (or overflow the input's dtype).
 
@@ -267,10 +281,12 @@ class Strategy(ABC):
         out_dtype = X.dtype
         own_stats = stats is None
         ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask)
-        stats = self._stats(ctx.X, ctx.G, mask, stats)
+        stats = self._stats(ctx, stats)
         ctx.log[:0] = stats.log
         ctx.timings["statistics"] = stats.elapsed
-        if own_stats:
+        ctx.info["statistics_tokens"] = stats.tokens
+        ctx.info["tokens_per_d_e2"] = stats.tokens / X.shape[-1] ** 2
+        if own_stats and ctx.heldout_samples is None:
             ctx.M_batch = stats.sum_M
         W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p)
         result = finish_step(ctx, W_Q2, W_K2, lam, out_dtype, self.spec)
@@ -428,9 +444,37 @@ class GrowthStrategy(Strategy):
         self.truncation = truncation
         self.line_search = line_search
         self.spec = spec
+        self.holds_out = line_search.holdout
 
     def new_statistics(self) -> Statistics:
         return self.averaging.new_statistics()
+
+    def _stats(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
+        if not self.holds_out:
+            return super()._stats(ctx, stats)
+        if stats is not None:
+            stats = super()._stats(ctx, stats)
+            where = stats.batch_index(ctx.X)
+            if where is None:
+                ctx.info["holdout"] = "the statistics never saw the λ batch"
+                return stats
+            if where != stats.n_batches - 1:
+                raise ValueError(
+                    f"{self.spec}: the λ batch (X) is batch {where + 1} of the {stats.n_batches} in the statistics; a "
+                    "+holdout strategy can take out only the last one: accumulate it last, or leave it out")
+            if stats.n_batches > 1:
+                ctx.info["holdout"] = "the λ batch taken out of the statistics"
+                return stats.without_last()
+        # One batch: the direction from its samples of even index, λ from those of odd index.
+        b = ctx.X.shape[0]
+        if b < 2:
+            ctx.log.append("holdout: one sample only; λ chosen on the sample the direction was fitted to")
+            return super()._stats(ctx, None)
+        even = torch.arange(b, device=ctx.X.device) % 2 == 0
+        mask = ctx.mask if ctx.mask is None or ctx.mask.dim() == 2 else ctx.mask[even]
+        ctx.heldout_samples = ~even
+        ctx.info["holdout"] = "the direction from the batch's samples of even index, λ from those of odd index"
+        return self.new_statistics()._add(ctx.X[even], ctx.G[even], mask)
 
     def _direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
         return self.averaging.direction(stats, log, info)
@@ -450,6 +494,8 @@ class GrowthStrategy(Strategy):
             with timed(ctx.timings, "line_search", ctx.X.device):
                 lam, loss_at = self.line_search.search(prob, ctx.log, ctx.info)
             U, s, V, lam, ctx.loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
+            if ctx.heldout_samples is not None:  # the search moved the held-out samples only
+                ctx.loss_after = None
         # Every loss call hands its value to the host; so do the builder and the factorisations.
         ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + ctx.loss.calls - calls_before
         root = s.clamp_min(0).sqrt() / math.sqrt(ctx.new_scale)
@@ -492,7 +538,10 @@ def build_search_problem(
     X, mask = ctx.X, ctx.mask
     # Statistics may hold another dtype or device than the batch (accumulated in float64, or
     # on another device): the direction and the metric are used with X, so they follow it.
-    P = strategy._direction(stats, ctx.log, ctx.info).to(dtype=X.dtype, device=X.device)
+    shrink = strategy.line_search.shrink
+    P, halves = (strategy.averaging.direction_and_halves(stats, ctx.log, ctx.info) if shrink
+                 else (strategy._direction(stats, ctx.log, ctx.info), None))
+    P = P.to(dtype=X.dtype, device=X.device)
     metric = (Metric(stats.mean_A.to(dtype=X.dtype, device=X.device), strategy.truncation.metric_rtol)
               if strategy.truncation.metric else None)
     finite_t = torch.isfinite(P).all()
@@ -505,7 +554,9 @@ def build_search_problem(
     s = pow2_scale(D)
     P, D = P / s, D.div_(s)
     norm_t = torch.linalg.vector_norm(D)
-    slope_t = -torch.dot(ctx.G.reshape(-1), D.reshape(-1))
+    # A +holdout search on part of the batch sees the slope of that part only.
+    G = ctx.G if ctx.heldout_samples is None else ctx.G * ctx.heldout_samples[:, None, None]
+    slope_t = -torch.dot(G.reshape(-1), D.reshape(-1))
     n_entries_t = mask.expand(X.shape[0], -1, -1).sum() if mask is not None else torch.tensor(D.numel())
     # One host transfer for the four numbers the step must decide on.
     finite, norm, slope, n_entries = torch.stack([
@@ -525,13 +576,41 @@ def build_search_problem(
     if not norm > 0:
         ctx.log.append("direction: X P Xᵀ = 0 (G has no component any dZ can reach); λ = 0")
         return None
+    slope = slope / norm * ctx.g_scale
+    penalty = _optimism(strategy, stats, halves, rank, metric, slope, ctx) if shrink else 0.0
+    loss = ctx.loss
+    if ctx.heldout_samples is not None:
+        held = ctx.heldout_samples[:, None, None]
+
+        def loss(S: Tensor, S0: Tensor = ctx.S0) -> Tensor:  # only the held-out samples' scores move
+            return ctx.loss(torch.where(held, S, S0))
 
     def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return strategy.truncation(Y, rank, metric)
 
     return SearchProblem(
-        loss=ctx.loss, X=X, Z=ctx.Z, P_hat=P / norm, S0=ctx.S0, D_hat=D.div_(norm), loss0=ctx.loss0,
-        truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope / norm * ctx.g_scale,
-        timings=ctx.timings,
+        loss=loss, X=X, Z=ctx.Z, P_hat=P / norm, S0=ctx.S0, D_hat=D.div_(norm), loss0=ctx.loss0,
+        truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope + penalty,
+        timings=ctx.timings, penalty=penalty,
     )
+
+
+def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor, Tensor] | None, rank: int,
+              metric: Metric | None, slope: float, ctx: StepContext) -> float:
+    """``κ = (1 − s) |φ'(0)|``: the in-sample slope's optimism, with ``s`` the split-half signal share of the
+    direction on its truncation subspace (:func:`strategies.signal.signal_share`, clamped to [0, 1]).
+
+    A share that cannot be estimated (a formula that does not split, an in-sample slope that is not a descent)
+    counts as no signal only in the second case; the first leaves λ unshrunk and says so in ``ctx.log``.
+    """
+    if halves is None:
+        ctx.log.append(f"shrink: {strategy.averaging.name} cannot split its direction into halves; λ not shrunk")
+        return 0.0
+    share = signal_share(stats.half_sums(), halves, rank, metric)
+    ctx.info["signal_share"] = share
+    ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + 1
+    kept = min(max(share, 0.0), 1.0) if math.isfinite(share) else 0.0
+    penalty = (1.0 - kept) * abs(slope) if math.isfinite(slope) else 0.0
+    ctx.info["optimism_penalty"] = penalty
+    return penalty
 

@@ -13,6 +13,12 @@ trials while the best is at an end and under Brent's safeguards inside a bracket
 when the model predicted its last trial and promises under 1% more: the path's best where
 the loss along it is far from quadratic, in two to twelve evaluations).
 
+Two flags judge λ by data the direction was not fitted to (docs/mathematics.md §5.4):
+``holdout`` (the growth chooses λ on a batch its statistics did not see, see
+:meth:`strategies.growth.GrowthStrategy.grow`) and ``shrink`` (every method minimises
+``φ(λ) + κλ``, the loss with its in-sample optimism ``κλ`` added back, ``κ`` from the
+split-half estimate of :mod:`strategies.signal`).
+
 ``P̂`` is normalised so that ``‖X P̂ Xᵀ‖_F = 1`` over the batch: λ is the Frobenius norm
 of the (untruncated) score change. Searches are bracketed in units of
 ``sqrt(#attended entries)``, i.e. of a root-mean-square change of one logit per entry.
@@ -74,9 +80,12 @@ class SearchProblem:
     lam_unit : float
         ``sqrt(#attended entries)``: λ of one RMS logit per entry.
     slope0 : float
-        ``−⟨G, X P̂ Xᵀ⟩``: the fast path's slope at λ = 0, from the captured gradient.
+        ``−⟨G, X P̂ Xᵀ⟩``: the fast path's slope at λ = 0, from the captured gradient (with
+        ``penalty`` already added).
     timings : dict, optional
         Where the finishing step adds its ``truncation`` and ``line_search`` seconds.
+    penalty : float
+        ``κ ≥ 0``: the searches minimise ``φ(λ) + κλ`` (``+shrink``); 0 otherwise.
     """
 
     loss: Callable[[Tensor], Tensor]
@@ -90,6 +99,7 @@ class SearchProblem:
     lam_unit: float
     slope0: float = math.nan
     timings: dict[str, float] | None = None
+    penalty: float = 0.0
 
 
 class LineSearch(ABC):
@@ -118,6 +128,10 @@ class LineSearch(ABC):
         (and predicted its last trial well, see ``trust_tol``).
     trust_tol : float
         The model's prediction of a trial counts as good when within this share of the decrease found so far.
+    holdout : bool
+        λ is chosen on a batch the statistics did not see (``+holdout``; the growth arranges the data).
+    shrink : bool
+        λ minimises the loss plus its in-sample optimism (``+shrink``; the growth sets ``penalty``).
     """
 
     name: str = ""
@@ -138,6 +152,8 @@ class LineSearch(ABC):
         max_trials: int = 12,
         gain_tol: float = 0.01,
         trust_tol: float = 0.05,
+        holdout: bool = False,
+        shrink: bool = False,
     ) -> None:
         if method not in self.methods:
             raise ValueError(f"unknown search method {method!r}; valid: {', '.join(self.methods)}")
@@ -159,32 +175,37 @@ class LineSearch(ABC):
         self.max_trials = max_trials
         self.gain_tol = gain_tol
         self.trust_tol = trust_tol
+        self.holdout = bool(holdout)
+        self.shrink = bool(shrink)
 
     @abstractmethod
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
         """Scores ``(b, d_s, d_s)`` at step ``lam`` (differentiable in a tensor ``lam``)."""
 
     def phi(self, prob: SearchProblem, lam: float) -> float:
-        """The loss at ``lam``; non-finite losses become ``+inf`` so a search steps away from them."""
+        """The loss at ``lam`` plus ``prob.penalty · lam``; non-finite losses become ``+inf`` so a search steps
+        away from them."""
         with torch.no_grad():
             v = float(prob.loss(self.scores(prob, lam)))
-        return v if math.isfinite(v) else math.inf
+        return v + prob.penalty * lam if math.isfinite(v) else math.inf
 
     def search(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
-        """Minimise the loss along the path; return ``(λ, loss at λ)``.
+        """Minimise the (penalised) loss along the path; return ``(λ, loss at λ)``, the loss without the penalty.
 
         λ = 0 (the current loss) is always a candidate, so the returned loss never
         exceeds ``prob.loss0`` along this path.
         """
         if self.method == "grid":
-            return self._grid(prob)
-        if self.method == "bounded":
-            return self._bounded(prob, info)
-        if self.method == "quadratic":
-            return self._quadratic(prob, log, info)
-        if self.method == "bracket":
-            return self._bracket(prob, log, info)
-        return self._newton(prob, log, info)
+            lam, v = self._grid(prob)
+        elif self.method == "bounded":
+            lam, v = self._bounded(prob, info)
+        elif self.method == "quadratic":
+            lam, v = self._quadratic(prob, log, info)
+        elif self.method == "bracket":
+            lam, v = self._bracket(prob, log, info)
+        else:
+            lam, v = self._newton(prob, log, info)
+        return lam, v - prob.penalty * lam
 
     def finish(self, prob: SearchProblem, lam: float, loss_at: float, log: list[str],
                info: dict) -> tuple[Tensor, Tensor, Tensor, float, float | None]:
@@ -207,12 +228,22 @@ class LineSearch(ABC):
         ``max_trials``.
         """
         f0, g0 = prob.loss0, prob.slope0
-        if not (math.isfinite(g0) and g0 < 0):
-            log.append(f"bracket: slope {g0:.3g} at λ=0 is not a descent; λ = 0")
-            return 0.0, f0
         trials: dict[float, float] = {}
+        if not (math.isfinite(g0) and g0 < 0):
+            if not (prob.penalty > 0 and math.isfinite(g0)):
+                log.append(f"bracket: slope {g0:.3g} at λ=0 is not a descent; λ = 0")
+                return 0.0, f0
+            # +shrink: the optimism penalty cancels the untruncated path's slope, but the truncated path can fall
+            # faster than that; one trial tells, and its secant stands in for the slope.
+            first = self.phi(prob, prob.lam_unit)
+            if not first < f0:
+                log.append("bracket: the in-sample slope is all optimism and one trial does not decrease the "
+                           "penalised loss; λ = 0")
+                return 0.0, f0
+            trials[prob.lam_unit] = first
+            g0 = (first - f0) / prob.lam_unit
         inside: list[tuple[float, bool]] = []  # per trial placed inside the bracket: its width on log λ, golden?
-        lam, predicted = _first_trial(prob), math.nan
+        lam, predicted = (_first_trial(prob), math.nan) if not trials else self._next_trial(trials, f0, g0, False, [])
         while len(trials) < self.max_trials:
             trials[lam] = self.phi(prob, lam)
             decrease = f0 - min(trials.values())
@@ -364,7 +395,7 @@ class LineSearch(ABC):
             v = prob.loss(path(prob, t))
             (d1,) = torch.autograd.grad(v, t, create_graph=True)
             (d2,) = torch.autograd.grad(d1, t) if d1.requires_grad else (torch.zeros_like(d1),)
-        return float(v.detach()), float(d1.detach()), float(d2)
+        return float(v.detach()) + prob.penalty * lam, float(d1.detach()) + prob.penalty, float(d2)
 
     def _fast_path(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
         if isinstance(lam, float):

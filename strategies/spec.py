@@ -2,8 +2,12 @@
 
 A spec names one registered component per axis::
 
-    averaging/inverse/truncation[+metric]/line_search:method
-    e.g. "gram/solve/rsvd+metric/fast:newton"
+    averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink]:method
+    e.g. "gram/solve/rsvd+metric/fast:newton", "gram/ridge/full+metric/normal+shrink:bracket"
+
+The line search's flags say how λ is judged by data the direction was not fitted to
+(docs/mathematics.md §5.4): ``+holdout`` chooses λ on a batch the statistics did not see,
+``+shrink`` lowers the in-sample loss's slope to its split-half honest part.
 
 or a baseline (``random``, ``zero``, ``gradmax``), or a preset name. :class:`Spec` is the
 one place a spec string is split or assembled.
@@ -77,6 +81,10 @@ class Spec:
         Registered component names; None for a baseline.
     metric : bool
         Whether the truncation is in the metric of ``E[XᵀX]`` (``+metric``).
+    holdout : bool
+        λ chosen on a batch the statistics did not see (``+holdout`` on the line search).
+    shrink : bool
+        λ chosen on the loss with its in-sample optimism removed (``+shrink`` on the line search).
     method : str or None
         The line search's method (``grid``, ``newton``, ...).
     baseline : str or None
@@ -90,9 +98,13 @@ class Spec:
     line_search: str | None = None
     method: str | None = None
     baseline: str | None = None
+    holdout: bool = False
+    shrink: bool = False
 
     #: The fields of a growth spec, in the order of its string (figures and tables group by them).
-    AXES = ("averaging", "inverse", "truncation", "metric", "line_search", "method")
+    AXES = ("averaging", "inverse", "truncation", "metric", "line_search", "holdout", "shrink", "method")
+    #: The line search's flags, in the order a spec string writes them.
+    LINE_SEARCH_FLAGS = ("holdout", "shrink")
 
     @classmethod
     def parse(cls, text: object) -> Spec:
@@ -114,7 +126,11 @@ class Spec:
             raise ValueError(f"unknown strategy spec {text!r}; {_valid_message()}")
         avg, inv, trunc, ls = parts
         trunc_name, plus, flag = trunc.partition("+")
-        ls_name, _, method = ls.partition(":")
+        ls_part, _, method = ls.partition(":")
+        ls_name, *ls_flags = ls_part.split("+")
+        bad_flags = [f for f in ls_flags if f not in cls.LINE_SEARCH_FLAGS]
+        if len(set(ls_flags)) != len(ls_flags):
+            bad_flags.append("(a flag twice)")
         problems = [
             f"{axis} {value!r}"
             for axis, value, ok in (
@@ -123,6 +139,7 @@ class Spec:
                 ("truncation", trunc_name, trunc_name in REGISTRY["truncation"]),
                 ("truncation flag", flag, not plus or flag == "metric"),
                 ("line search", ls_name, ls_name in REGISTRY["line_search"]),
+                ("line search flag", "+".join(bad_flags), not bad_flags),
                 ("search method", method, ls_name not in REGISTRY["line_search"] or method in _methods(ls_name)),
             )
             if not ok
@@ -130,16 +147,16 @@ class Spec:
         if problems:
             raise ValueError(f"unknown {', '.join(problems)} in spec {text!r}; {_valid_message()}")
         return cls(averaging=avg, inverse=inv, truncation=trunc_name, metric=bool(plus), line_search=ls_name,
-                   method=method)
+                   method=method, holdout="holdout" in ls_flags, shrink="shrink" in ls_flags)
 
     @classmethod
     def grid(cls) -> list[Spec]:
         """Every registered combination of the axes, then every baseline."""
         out = [
-            cls(averaging=a, inverse=i, truncation=t, metric=m, line_search=ls, method=meth)
-            for a, i, t, m, ls in itertools.product(
+            cls(averaging=a, inverse=i, truncation=t, metric=m, line_search=ls, method=meth, holdout=h, shrink=sh)
+            for a, i, t, m, ls, h, sh in itertools.product(
                 REGISTRY["averaging"], REGISTRY["inverse"], REGISTRY["truncation"], (False, True),
-                REGISTRY["line_search"],
+                REGISTRY["line_search"], (False, True), (False, True),
             )
             for meth in _methods(ls)
         ]
@@ -163,7 +180,8 @@ class Spec:
         if self.is_baseline:
             return self.baseline
         metric = "+metric" if self.metric else ""
-        return f"{self.averaging}/{self.inverse}/{self.truncation}{metric}/{self.line_search}:{self.method}"
+        flags = "".join(f"+{f}" for f in self.LINE_SEARCH_FLAGS if getattr(self, f))
+        return f"{self.averaging}/{self.inverse}/{self.truncation}{metric}/{self.line_search}{flags}:{self.method}"
 
 
 def _valid_message() -> str:
@@ -171,7 +189,7 @@ def _valid_message() -> str:
         return ", ".join(REGISTRY[axis])
 
     return (
-        "valid specs are 'averaging/inverse/truncation[+metric]/line_search:method' with "
+        "valid specs are 'averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink]:method' with "
         f"averaging in {{{names('averaging')}}}, inverse in {{{names('inverse')}}}, "
         f"truncation in {{{names('truncation')}}}, line_search in {{{names('line_search')}}}, "
         f"method in {{{', '.join(_all_methods())}}}; "
@@ -219,10 +237,19 @@ def check_default_choice(spec: object) -> str:
     return str(parsed)
 
 
-def _read_default(path: object) -> dict[Regime, str] | str:
+@dataclass(frozen=True)
+class _Entry:
+    """One regime's entry of ``default.json``: its spec and whether growth generalises there."""
+
+    spec: str
+    generalises: bool = True
+    statement: str = ""
+
+
+def _read_default(path: object) -> dict[Regime, _Entry] | str:
     """The validated choices of the file at ``path`` (a Traversable); ``ValueError`` naming the problem.
 
-    Returns ``{regime: canonical spec}`` for a file with ``"regimes"``, or one canonical spec
+    Returns ``{regime: entry}`` for a file with ``"regimes"``, or one canonical spec
     for a file of one ``"spec"`` (every regime then uses it).
     """
     try:
@@ -250,9 +277,14 @@ def _read_default(path: object) -> dict[Regime, str] | str:
         if not isinstance(entry, dict) or "spec" not in entry:
             raise ValueError(f'regime {key!r}: expected a JSON object with a "spec" key')
         try:
-            out[regime] = check_default_choice(entry["spec"])
+            spec = check_default_choice(entry["spec"])
         except ValueError as e:
             raise ValueError(f"regime {key!r}: {e}") from None
+        generalises = entry.get("generalises", True)
+        statement = entry.get("statement", "")
+        if not isinstance(generalises, bool) or not isinstance(statement, str):
+            raise ValueError(f'regime {key!r}: "generalises" must be true or false and "statement" a string')
+        out[regime] = _Entry(spec, generalises, statement)
     return out
 
 
@@ -271,15 +303,22 @@ class DefaultChoice:
         with evidence, or None (``default.json`` names one spec for all, or the built-in default).
     note : str
         Empty when the regime has its own choice; otherwise one sentence saying why not.
+    generalises : bool
+        False where the evidence says no growth strategy lowers the held-out loss beyond noise;
+        ``spec`` is then the one that harms least.
+    statement : str
+        The evidence's verdict in plain words.
     """
 
     spec: str
     regime: Regime
     source: Regime | None
     note: str = ""
+    generalises: bool = True
+    statement: str = ""
 
 
-def _choices() -> tuple[dict[Regime, str] | str, str]:
+def _choices() -> tuple[dict[Regime, _Entry] | str, str]:
     """The file's choices (or one spec), and a note when the built-in default replaces a damaged file."""
     path = resources.files(__package__).joinpath(DEFAULT_FILE)
     try:
@@ -314,7 +353,7 @@ def default_choice(device: object = "cpu", d_e: int | None = None) -> DefaultCho
     return _choice_in(regime, *_choices())
 
 
-def _choice_in(regime: Regime, choices: dict[Regime, str] | str, problem: str) -> DefaultChoice:
+def _choice_in(regime: Regime, choices: dict[Regime, _Entry] | str, problem: str) -> DefaultChoice:
     """``regime``'s choice among the file's ``choices`` (as from :func:`_choices`)."""
     if isinstance(choices, str):
         return DefaultChoice(choices, regime, None, problem or f"{DEFAULT_FILE} names one spec for every regime")
@@ -322,7 +361,8 @@ def _choice_in(regime: Regime, choices: dict[Regime, str] | str, problem: str) -
     note = "" if source == regime else (
         f"no evidence for {regime.describe()} in {DEFAULT_FILE}: using the choice of its nearest regime, "
         f"{source.describe()}")
-    return DefaultChoice(choices[source], regime, source, note)
+    entry = choices[source]
+    return DefaultChoice(entry.spec, regime, source, note, entry.generalises, entry.statement)
 
 
 def default_spec(device: object = "cpu", d_e: int | None = None) -> str:

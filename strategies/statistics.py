@@ -6,12 +6,24 @@ of samples. Every strategy needs them (``E[M]`` is the plain gradient ``∂L/∂
 ``E[A]`` the metric of metric-aware truncation). Averaging formulas that need more
 extend it in :mod:`strategies.averaging`.
 
+Two more things make a step judge itself by data it did not fit (docs/mathematics.md §5.4):
+
+- ``Σ M_b`` over the samples of even index (counted across batches) is kept too, one product
+  of half the batch: with ``Σ M_b`` it gives the two halves of the samples, and directions made
+  from each half estimate how much of a step's in-sample decrease is signal
+  (:mod:`strategies.signal`).
+- The last batch's contribution is kept apart, so :meth:`Statistics.without_last` can hand
+  a ``+holdout`` line search statistics that never saw the batch it chooses λ on. A cheap
+  fingerprint of every batch (its shape and float64 sum) tells which batches the sums hold.
+
 Precision: the first batch fixes the statistics' dtype and device, float32 for
 float16/bfloat16 batches (:func:`strategies._checks.compute_dtype`); later batches are
 converted to them, so batches of mixed dtypes accumulate in one precision.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import Tensor
@@ -38,11 +50,17 @@ class Statistics:
 
     def __init__(self) -> None:
         self.n = 0
+        self.tokens = 0
         self.sum_A: Tensor | None = None
         self.sum_M: Tensor | None = None
+        self.sum_M_even: Tensor | None = None
         self.elapsed = 0.0
         self.log: list[str] = []
         self._timings: dict[str, float] = {}
+        #: Per batch: (shape, float64 sum of X) as tensors, compared only when a growth asks (no host sync here).
+        self._fingerprints: list[tuple[tuple[int, ...], Tensor]] = []
+        #: The last batch's contribution to every running sum, by attribute name (for :meth:`without_last`).
+        self._last: dict[str, Tensor] = {}
 
     def update(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> Statistics:
         """Accumulate one batch.
@@ -92,18 +110,79 @@ class Statistics:
             d_e = X.shape[-1]
             GX = G @ X  # (b, d_s, d_e)
             Xf = X.reshape(-1, d_e)
-            # One GEMM over the flattened batch instead of b small ones.
+            # One GEMM over the flattened batch instead of b small ones; and one of half the size for the samples of
+            # even index (across batches). The whole M keeps its own product so that its rounding is the batch's.
             A = Xf.mT @ Xf
             M = Xf.mT @ GX.reshape(-1, d_e)
-            if self.sum_A is None:
-                self.sum_A, self.sum_M = A, M
-            else:
-                self.sum_A = self.sum_A + A
-                self.sum_M = self.sum_M + M
+            even = self.even_samples(X.shape[0], X.device)
+            M_even = X[even].reshape(-1, d_e).mT @ GX[even].reshape(-1, d_e)
+            self._last = {}
+            for name, value in (("sum_A", A), ("sum_M", M), ("sum_M_even", M_even)):
+                self._add_to(name, value)
             self._accumulate(X, G, GX, mask)
+            self._fingerprints.append((tuple(X.shape), X.sum(dtype=torch.float64)))
             self.n += X.shape[0]
+            self.tokens += X.shape[0] * X.shape[1]
         self.elapsed = self._timings["update"]
         return self
+
+    def _add_to(self, name: str, value: Tensor) -> None:
+        """Add ``value`` to the running sum ``name`` and remember it as the last batch's contribution."""
+        current = getattr(self, name)
+        setattr(self, name, value if current is None else current + value)
+        self._last[name] = value
+
+    def even_samples(self, b: int, device: torch.device | str = "cpu") -> Tensor:
+        """Which of the next ``b`` samples have an even index counted from the first sample seen, ``(b,)`` bool."""
+        return (torch.arange(b, device=device) + self.n) % 2 == 0
+
+    def half_sums(self) -> tuple[Tensor, Tensor]:
+        """``Σ M_b`` over the samples of even index and over those of odd index, each ``(d_e, d_e)``."""
+        self._require()
+        return self.sum_M_even, self.sum_M - self.sum_M_even
+
+    def batch_index(self, X: Tensor) -> int | None:
+        """The index of the batch ``X`` among those accumulated (by fingerprint), or None when it is not one.
+
+        One host transfer; a batch of another shape is never a match.
+        """
+        if not self._fingerprints:
+            return None
+        shape = tuple(X.shape)
+        mine = X.to(self.sum_A.device).sum(dtype=torch.float64)
+        candidates = [i for i, (s, _) in enumerate(self._fingerprints) if s == shape]
+        if not candidates:
+            return None
+        sums = torch.stack([self._fingerprints[i][1] for i in candidates])
+        equal = (sums == mine).tolist()  # the same tensor summed the same way: bit for bit
+        hits = [i for i, e in zip(candidates, equal, strict=True) if e]
+        return hits[-1] if hits else None
+
+    @property
+    def n_batches(self) -> int:
+        """Batches accumulated."""
+        return len(self._fingerprints)
+
+    def without_last(self) -> Statistics:
+        """A copy of these statistics without the last batch accumulated (the sums minus its contribution).
+
+        Raises
+        ------
+        ValueError
+            Fewer than two batches, or the last batch already removed.
+        """
+        if self.n_batches < 2 or not self._last:
+            raise ValueError("without_last needs at least two batches accumulated, the last one still in the sums")
+        out = copy.copy(self)
+        for name, value in self._last.items():
+            setattr(out, name, getattr(self, name) - value)
+        shape = self._fingerprints[-1][0]
+        out.n -= shape[0]
+        out.tokens -= shape[0] * shape[1]
+        out._fingerprints = self._fingerprints[:-1]
+        out._last = {}
+        out.log = list(self.log)
+        return out
 
     def _accumulate(self, X: Tensor, G: Tensor, GX: Tensor, mask: Tensor | None) -> None:
         """Hook for subclasses that keep more than the two Gram sums."""

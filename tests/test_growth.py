@@ -193,8 +193,11 @@ def test_result_bookkeeping(spec):
     assert {"statistics", "direction", "line_search", "truncation", "total"} <= set(r.timings)
     assert all(v >= 0 for v in r.timings.values())
     assert r.spec == spec
-    if spec not in BASELINES:
-        assert r.lam > 0  # a real step on this problem, so the checks above are not all at λ = 0
+    parsed = strategies.Spec.parse(spec)
+    # A real step on this problem, so the checks above are not all at λ = 0 (a step judged by data it was not
+    # fitted to may rightly be 0 here: the holdout and shrink variants run the same checks).
+    if spec not in BASELINES and not (parsed.holdout or parsed.shrink):
+        assert r.lam > 0
         if "/normal:" in spec:
             assert r.loss_after <= r.loss_before
 

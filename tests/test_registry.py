@@ -40,10 +40,11 @@ def test_specs_are_the_full_grid_plus_baselines():
     specs = strategies.specs()
     assert len(specs) == len(set(specs))
     grid = {
-        f"{a}/{i}/{t}{m}/{ls}:{meth}"
-        for a, i, t, m, ls, meth in itertools.product(
-            ["per-sample", "gram", "mean-input", "joint"], ["pinv", "solve"], ["full", "rsvd"], ["", "+metric"],
-            ["normal", "fast"], ["grid", "bounded", "newton", "quadratic", "bracket"],
+        f"{a}/{i}/{t}{m}/{ls}{h}{sh}:{meth}"
+        for a, i, t, m, ls, h, sh, meth in itertools.product(
+            ["per-sample", "gram", "mean-input", "joint"], ["pinv", "solve", "ridge"], ["full", "rsvd"],
+            ["", "+metric"], ["normal", "fast"], ["", "+holdout"], ["", "+shrink"],
+            ["grid", "bounded", "newton", "quadratic", "bracket"],
         )
     }
     assert set(specs) == grid | {"random", "zero", "gradmax"}

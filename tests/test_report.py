@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,7 +23,7 @@ from harness.report.render import render_html, render_markdown
 from harness.report.sections import Bullet, Bullets, Link, Paragraph, Report, Section, Span, Table
 from harness.store.results import ResultsDB
 
-FIGURES = ("pareto", "ablation", "breakdown", "scaling", "formula_gap", "lambda", "devices")
+FIGURES = ("pareto", "generalisation", "tokens", "ablation", "breakdown", "scaling", "formula_gap", "lambda", "devices")
 DEFAULT = strategies.default_spec()  # the fixture follows whatever default.json says
 HOSTILE = "<script>alert('x')</script>"
 
@@ -37,20 +36,22 @@ _n = 0
 
 
 def row(strategy, dataset="teacher", *, seed=0, device="cpu", d_s=16, d_e=8, b=8, n_batches=4, t=0.01, opt=0.9,
-        heldout=0.01, status="ok", error=None, lam=1.0, extra=None, heldout_before=1.0) -> dict:
+        heldout=0.01, status="ok", error=None, lam=1.0, extra=None, heldout_before=1.0, heldout_se=1e-4) -> dict:
     """One results row as the harness writes it (values chosen by the test)."""
     global _n
     _n += 1
     r = dict(key=f"k{_n}", status=status, error=error, strategy=strategy, dataset=dataset, d_s=d_s, d_e=d_e, b=b,
              d_k=2, p=2, seed=seed, device=device, n_batches=n_batches, repeats=1, warmup_steps=5, dtype="float32",
-             scale_policy="rescale", torch_version="2.13.0+cpu", device_name=f"{device} device", threads=1,
+             scale_policy="rescale", heldout_batches=16, torch_version="2.13.0+cpu", device_name=f"{device} device",
+             threads=1,
              git_commit="abc", code_version="v1", hostname="h", python="3.11", started_at="2026-01-01T00:00:00",
              finished_at="2026-01-01T00:00:01")
     if status != "ok":
         return r
     r.update(optimality=opt, first_order_decrease=0.1, loss_before=1.0, loss_after=1.0 - 0.01 * opt,
              loss_decrease=0.01 * opt, heldout_before=heldout_before, heldout_after=heldout_before - heldout,
-             heldout_decrease=heldout, bottleneck=0.5, lam=lam, n_loss_evals=5, fallback="",
+             heldout_decrease=heldout, heldout_decrease_se=heldout_se, heldout_tokens=16 * b * d_s,
+             statistics_tokens=n_batches * b * d_s, bottleneck=0.5, lam=lam, n_loss_evals=5, fallback="",
              t_statistics=0.3 * t, t_direction=0.1 * t, t_truncation=0.1 * t, t_line_search=0.4 * t, t_total=t,
              t_floor=0.2 * t, t_loss_eval=0.05 * t, peak_mem_bytes=1000, peak_mem_method="sampled_rss_increase",
              extra=extra if extra is not None else {})
@@ -97,6 +98,12 @@ def fixture_rows() -> list[dict]:
             gap = {"formula_gap": {"rel_diff": 0.1 * d_e / 8, "score_cosine": 1 - 0.02 * d_e / 8}} \
                 if s == spec_of("formula2") else {}
             rows.append(row(s, "teacher", d_e=d_e, n_batches=2, t=1e-4 * d_e ** k, extra=gap))
+    # Statistics-tokens study: the default at 1, 4 (the reference configuration) and 16 batches; its gain grows
+    # with the tokens and is positive on every seed from 4 batches on.
+    for ds in ("teacher", "text"):
+        for seed in (0, 1):
+            for n, gain in ((1, -0.001 + 0.002 * seed), (16, 0.02)):
+                rows.append(row(DEFAULT, ds, seed=seed, n_batches=n, heldout=gain))
     rows.append(row(HOSTILE, "teacher", status="failed", error=f"RuntimeError: boom {HOSTILE}\ntraceback"))
     return rows
 
@@ -303,18 +310,20 @@ PARTIAL = "gram/pinv/full+metric/fast:newton"  # fast and good, but ran on one d
 
 
 def rule_rows() -> list[dict]:
+    """Held-out gains (share of a held-out loss of 1) over three seeds, seed noise ±0.0001 around each mean."""
     rows = []
     for ds in ("A", "B"):
         for seed in (0, 1, 2):
+            noise = 1e-4 * (seed - 1)
             rows += [
-                row(BEST, ds, seed=seed, t=0.010, opt=0.90, heldout=-0.0100),
-                row(SECOND, ds, seed=seed, t=0.002, opt=0.885, heldout=-0.0101),  # -1.7 %, and 1 % more loss
-                row(FAST_BAD, ds, seed=seed, t=0.001, opt=0.873 if ds == "B" else 0.90, heldout=-0.0100),
-                row(FLAKY, ds, seed=seed, t=0.0005, opt=0.95, heldout=0.0),
+                row(BEST, ds, seed=seed, t=0.010, opt=0.90, heldout=0.0100 + noise),
+                row(SECOND, ds, seed=seed, t=0.002, opt=0.50, heldout=0.0090 + noise),  # 90 % of the best's gain
+                row(FAST_BAD, ds, seed=seed, t=0.001, opt=0.99, heldout=(0.0070 if ds == "B" else 0.0100) + noise),
+                row(FLAKY, ds, seed=seed, t=0.0005, opt=0.95, heldout=0.0200),
                 row("random", ds, seed=seed, t=0.0001, opt=0.99, heldout=0.5),  # a baseline is never eligible
             ]
             if ds == "A":
-                rows.append(row(PARTIAL, ds, seed=seed, t=0.0004, opt=0.95, heldout=0.0))
+                rows.append(row(PARTIAL, ds, seed=seed, t=0.0004, opt=0.95, heldout=0.0200))
     rows.append(row(FLAKY, "A", seed=9, status="failed", error="RuntimeError: singular"))
     # Another configuration with fewer strategies must not change the reference configuration.
     rows.append(row(SECOND, "A", d_e=64, t=5.0, opt=0.0, heldout=-1.0))
@@ -324,22 +333,22 @@ def rule_rows() -> list[dict]:
 def test_recommendation_follows_the_rule(tmp_path, capsys):
     db = write_db(tmp_path / "r.sqlite", rule_rows())
     rec = R.recommend(R.load_frame(db))
-    # FLAKY (failed once), PARTIAL (one dataset) and the baseline are out; FAST_BAD is 3 % worse on B.
-    assert rec.spec == SECOND and not rec.fallback
+    # FLAKY (failed once), PARTIAL (one dataset) and the baseline are out; FAST_BAD keeps 70 % of the best gain on B.
+    assert rec.spec == SECOND and not rec.fallback and rec.verdict == R.GENERALISES
     t = rec.table.set_index("strategy")
-    assert "short of the best beyond noise, or under the path efficiency floor, on B: optimality 0.873 vs 0.9 " \
-        "(-3.0%; paired difference -0.027 [-0.027, -0.027] over 3 seeds)" in t.loc[FAST_BAD, "reason"]
-    assert not t.loc[FAST_BAD, "qualifies"] and t.loc[FAST_BAD, "eligible"]
+    reason = t.loc[FAST_BAD, "reason"]
+    assert "B: not shown within 20% of the best's gain (0.7% vs 1%, paired difference -0.3%" in reason
+    assert not t.loc[FAST_BAD, "qualifies"] and t.loc[FAST_BAD, "eligible"] and t.loc[FAST_BAD, "lowers"]
     assert "failed 1 of 7 runs (first: RuntimeError: singular)" in t.loc[FLAKY, "reason"]
     assert not t.loc[FLAKY, "eligible"] and not t.loc[PARTIAL, "eligible"]
     assert "no run on B" in t.loc[PARTIAL, "reason"]
     assert "qualifies but slower" in t.loc[BEST, "reason"] and t.loc[BEST, "qualifies"]
     assert "random" not in set(rec.table.strategy) and "random" in rec.excluded_baselines
-    # Best held-out decrease is -0.0100 (every eligible strategy raises the held-out loss): -0.0101 is within 2 %.
+    # Optimality does not decide: SECOND's 0.5 against BEST's 0.9 is only a diagnostic.
     ev = rec.evidence["B"]
-    assert ev["best_optimality"] == pytest.approx(0.90) and ev["best_optimality_strategy"] in (BEST, FAST_BAD)
-    assert ev["best_heldout_decrease"] == pytest.approx(-0.0100) and ev["heldout_decrease_within"]
-    assert ev["optimality_within"] and ev["time_ms"] == pytest.approx(2.0)
+    assert ev["best_heldout_gain"] == pytest.approx(0.0100) and ev["best_strategy"] in (BEST, FAST_BAD)
+    assert ev["heldout_gain"][0] == pytest.approx(0.0090) and ev["within"] and ev["lowers"]
+    assert ev["optimality"] == pytest.approx(0.5) and ev["time_ms"] == pytest.approx(2.0)
     # The reference configuration is the one with every strategy, not the d_e=64 run.
     assert "d_e=8" in rec.cells["A"]
 
@@ -349,26 +358,23 @@ def test_recommendation_follows_the_rule(tmp_path, capsys):
     assert FAST_BAD in out and FLAKY in out
 
 
-def test_within_two_percent():
-    assert R.within(0.882, 0.9) and not R.within(0.881, 0.9)
-    assert R.within(-0.0102, -0.0100) and not R.within(-0.0103, -0.0100)  # negative best: 2 % more loss at most
-    assert R.within(0.0, 0.0) and not R.within(-1e-9, 0.0) and not R.within(math.nan, 1.0)
-
-
 def test_fallback_when_nothing_qualifies(tmp_path, capsys):
+    # Each lowers the held-out loss everywhere, but each keeps only 50 % of the other's gain on one dataset.
     x, y = DEFAULT, BEST
     rows = []
-    for seed in (0, 1):
-        rows += [row(x, "A", seed=seed, t=0.001, opt=0.9), row(x, "B", seed=seed, t=0.001, opt=0.8),
-                 row(y, "A", seed=seed, t=0.002, opt=0.8), row(y, "B", seed=seed, t=0.002, opt=0.9)]
+    for seed in (0, 1, 2):
+        e = 1e-5 * seed
+        rows += [row(x, "A", seed=seed, t=0.001, heldout=0.02 + e), row(x, "B", seed=seed, t=0.001, heldout=0.01 + e),
+                 row(y, "A", seed=seed, t=0.002, heldout=0.01 + e), row(y, "B", seed=seed, t=0.002, heldout=0.02 + e)]
     db = write_db(tmp_path / "r.sqlite", rows)
     rec = R.recommend(R.load_frame(db))
-    assert rec.fallback and rec.spec == x  # equal worst shortfall (11 %): the faster one
+    assert rec.fallback and rec.verdict == R.CLOSEST and rec.spec == x  # equal worst shortfall (50 %): the faster
     target = tmp_path / "default.json"
     assert cli_main(["recommend", "--db", str(db), "--write", "--default-file", str(target)]) == 1
     assert not target.exists() and "FALLBACK" in capsys.readouterr().out
     assert cli_main(["recommend", "--db", str(db), "--write", "--force", "--default-file", str(target)]) == 0
-    assert json.loads(target.read_text())["regimes"]["cpu/small"]["fallback"] is True
+    entry = json.loads(target.read_text())["regimes"]["cpu/small"]
+    assert entry["fallback"] is True and entry["verdict"] == "closest" and entry["generalises"] is True
 
 
 def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
@@ -378,7 +384,7 @@ def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
     data = json.loads(target.read_text())
     entry = data["regimes"]["cpu/small"]
     assert list(entry)[0] == "spec" and entry["spec"] == SECOND and list(data["regimes"]) == ["cpu/small"]
-    assert {"rule", "db", "generated"} <= set(data) and entry["evidence"]["A"]["optimality_within"]
+    assert {"rule", "db", "generated"} <= set(data) and entry["evidence"]["A"]["within"]
     import strategies.spec as reg
 
     monkeypatch.setattr(reg, "DEFAULT_FILE", str(target))  # an absolute path: joinpath yields it

@@ -235,13 +235,16 @@ def test_config_errors_name_the_problem():
 
 def test_presets_are_valid_and_distinct():
     presets = train_presets()
-    assert set(presets) == {"smoke", "quick", "real", "full"}
+    assert set(presets) == {"smoke", "quick", "variants", "real", "full"}
     for configs in presets.values():
         assert len(set(configs)) == len(configs)
-    methods = {c.method for c in presets["quick"]}
-    assert {"default", "random", "zero", "gradmax", "fixed-small", "fixed-large"} <= methods
-    assert {c.scale_policy for c in presets["quick"]} == {"rescale", "fixed", "learnable"}
-    assert {c.n_heads for c in presets["quick"]} == {1, 2}
+    for name in ("quick", "real"):  # every method against the baselines, on three seeds
+        assert {c.method for c in presets[name]} == {"default", "random", "zero", "gradmax", "fixed-small",
+                                                     "fixed-large"}
+        assert {c.seed for c in presets[name]} == {0, 1, 2}
+    variants = presets["variants"]
+    assert {c.scale_policy for c in variants} == {"rescale", "fixed", "learnable"}
+    assert {c.n_heads for c in variants} == {1, 2} and {c.trigger for c in variants} == {"schedule", "bottleneck"}
 
 
 # ------------------------------------------------------------------ database and resume

@@ -11,14 +11,14 @@ import math
 
 import pandas as pd
 
-from harness.recommend import PATH_EFFICIENCY_FLOOR, QUALITY_NAMES, Recommendation, preset_names, rule_in_brief
+from harness.recommend import CLOSEST, DOES_NOT_GENERALISE, Recommendation, preset_names, rule_in_brief
 from harness.report.figures.ablation import ablation_pairs, ablation_summary
 from harness.report.names import short_label
 from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
 from harness.report.train_runs import BASELINES, table_row
 from harness.report.train_verdict import TOLERANCE, measured_groups
 from harness.report.training import TrainingSection
-from harness.report.wording import four_digits, listing, three_digits, times
+from harness.report.wording import four_digits, listing, times
 
 TITLE = "Advice"
 # A change "does not matter" when its median effect over pairs stays within all three bounds.
@@ -34,36 +34,25 @@ def _use(rec: Recommendation | None, error: str | None) -> Bullet:
         return Bullet((Span("Use", "strong"), f": no recommendation ({error or 'no growth strategy is eligible'})."))
     name = short_label(rec.spec, preset_names())
     time = f"{rec.evidence['median_time_ms']:.3g} ms per growth (median over datasets)"
-    if rec.fallback:
-        why = (f", the fallback choice: no strategy is within {100 * rec.tolerance:g}% of the best on every dataset "
-               f"with a path efficiency of {100 * PATH_EFFICIENCY_FLOOR:g}% on every seed, and this one comes closest "
-               f"(its worst shortfall is "
-               f"{_percent(rec.evidence.get('qualifies_from_tolerance'))}), at {time}.")
+    if rec.verdict == DOES_NOT_GENERALISE:
+        return Bullet((Span("Do not count on growth here", "strong"), f": {rec.statement} ({time}.)"))
+    if rec.verdict == CLOSEST:
+        why = f", the fallback choice: {rec.statement} At {time}."
     else:
-        why = (f": the fastest growth strategy whose optimality, path efficiency and held-out loss decrease are "
-               f"{rule_in_brief(rec.tolerance)}, at {time}.")
+        why = f": the fastest growth strategy that {rule_in_brief(rec.tolerance)}, at {time}."
     return Bullet((Span("Use", "strong"), " ", Span(rec.spec, "code"), f" ({name}){why}"))
 
 
-def _percent(fraction: float | None) -> str:
-    return "no finite tolerance" if fraction is None else f"{100 * fraction:.1f}%"
-
-
 def _quality_exceptions(rec: Recommendation) -> list[str]:
-    """Where another strategy does clearly better than the choice, per quality: who, where, by how much."""
+    """Where another strategy gains clearly more on held-out data than the choice: who, where, by how much."""
     names = preset_names()
-    out = []
-    for quality, quality_name in QUALITY_NAMES.items():
-        better: dict[str, list[str]] = {}
-        for ds, e in rec.evidence.items():
-            if isinstance(e, dict) and f"best_{quality}" in e and not e.get(f"{quality}_within"):
-                who = short_label(e[f"best_{quality}_strategy"], names)
-                better.setdefault(who, []).append(f"{ds} ({three_digits(e[f'best_{quality}'])} against "
-                                                  f"{three_digits(e[quality])})")
-        if better:
-            out.append(f"when {quality_name} matters most: "
-                       + "; ".join(f"{who} on {' and '.join(where)}" for who, where in better.items()) + ".")
-    return out
+    better: dict[str, list[str]] = {}
+    for ds, e in rec.evidence.items():
+        if isinstance(e, dict) and not e["within"]:
+            who = short_label(e["best_strategy"], names)
+            better.setdefault(who, []).append(f"{ds} (held-out gain {100 * e['best_heldout_gain']:+.3g}% against "
+                                              f"{100 * e['heldout_gain'][0]:+.3g}%)")
+    return [f"when the held-out loss matters most: {who} on {' and '.join(where)}." for who, where in better.items()]
 
 
 def _faster(rec: Recommendation) -> list[str]:
@@ -73,8 +62,8 @@ def _faster(rec: Recommendation) -> list[str]:
             or not math.isfinite(first.time_ms):  # as fast as the choice: its speed costs nothing to give up
         return []
     chosen = rec.evidence["median_time_ms"]
-    cost = (f"falls up to {100 * first.worst_shortfall:.0f}% short of the best on a dataset"
-            if math.isfinite(first.worst_shortfall) else "falls short of the best")
+    cost = (f"falls up to {100 * first.worst_shortfall:.0f}% short of the best held-out gain on a dataset"
+            if math.isfinite(first.worst_shortfall) else "falls short of the best held-out gain")
     missing = "" if first.eligible else " and did not run on every dataset"
     return [f"when time matters more than quality: {short_label(first.strategy, preset_names())} is "
             f"{times(chosen / first.time_ms)} faster ({first.time_ms:.3g} ms) but {cost}{missing}."]

@@ -33,6 +33,7 @@ from harness.report.advice import advice_section
 from harness.report.figures.ablation import ablation
 from harness.report.figures.base import FigureResult, not_drawn
 from harness.report.figures.formula import formula_convergence
+from harness.report.figures.heldout import generalisation, statistics_tokens
 from harness.report.figures.lambda_curves import loss_along_lambda
 from harness.report.figures.pareto import pareto
 from harness.report.figures.timing import breakdown, devices, scaling
@@ -66,7 +67,7 @@ from harness.report.training import (
 
 # The growth sweep's figures after the Pareto front (which also needs the recommendation), in report order.
 SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], FigureResult], ...] = (
-    ablation, breakdown, scaling, formula_convergence, loss_along_lambda, devices)
+    generalisation, statistics_tokens, ablation, breakdown, scaling, formula_convergence, loss_along_lambda, devices)
 
 
 def _failed(what: str, error: Exception) -> None:

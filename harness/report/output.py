@@ -8,7 +8,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from harness.recommend import Recommendation
+from harness.recommend import Recommendation, replace_file
 from harness.report.figures.base import FigureResult
 
 # Files an earlier report may have left in the output folder (the figures are found by extension).
@@ -60,5 +60,5 @@ def write_recommendation(path: Path, recs: dict[str, Recommendation], error: str
             entry["table"] = json.loads(rec.table.to_json(orient="records"))
             entry["reference_configurations"] = rec.cells
             data["regimes"][key] = entry
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    replace_file(path, json.dumps(data, indent=2) + "\n")
     return path

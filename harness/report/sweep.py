@@ -13,7 +13,8 @@ import pandas as pd
 from harness.measure import RunConfig
 from harness.recommend import (
     CELL_COLUMNS,
-    QUALITY,
+    DIAGNOSTICS,
+    GENERALISES,
     QUALITY_NAMES,
     Recommendation,
     is_growth,
@@ -112,24 +113,35 @@ def database_section(facts: dict, extra: list[Block]) -> Section:
 
 
 def evidence_table(rec: Recommendation) -> pd.DataFrame:
-    """Per dataset: the choice's medians against the best eligible strategy's, and whether each is within."""
+    """Per dataset: the choice's mean held-out gain over seeds with its 95 % interval, against the best eligible
+    strategy's; seeds on which it lowered or raised the held-out loss beyond its own noise; the step's diagnostics."""
     names = preset_names()
     rows = []
     for ds, e in rec.evidence.items():
         if not isinstance(e, dict):
             continue
-        row = {"dataset": ds, "seeds": e.get("seeds"), "time (ms)": e.get("time_ms"), "× floor": e.get("x_floor")}
-        for q in QUALITY:
-            if q in e:
-                row[QUALITY_NAMES[q]] = e[q]
-                row[f"best {QUALITY_NAMES[q]}"] = f"{e[f'best_{q}']:.4g} ({label(e[f'best_{q}_strategy'], names)})"
-        row["within beyond noise"] = "yes" if all(e.get(f"{q}_within", True) for q in QUALITY) else "NO"
-        rows.append(row)
+        mean, low, high, n = e["heldout_gain"]
+        diff = e["difference"]
+        rows.append({
+            "dataset": ds, "seeds": n, "held-out gain (%)": 100 * mean,
+            "95% interval": f"[{100 * low:+.3g}, {100 * high:+.3g}]",
+            "lowers beyond noise": "yes" if e["lowers"] else "NO",
+            "best (%)": f"{100 * e['best_heldout_gain']:+.3g} ({label(e['best_strategy'], names)})",
+            "difference to best (%)": (f"{100 * diff[0]:+.3g} [{100 * diff[1]:+.3g}, {100 * diff[2]:+.3g}]"
+                                       if diff[3] > 1 else "0 (the best)"),
+            "within": "yes" if e["within"] else "NO",
+            "shortfall resolvable (80% power)": (f"{100 * e['resolvable_shortfall']:.2g}% of the best"
+                                                 if e.get("resolvable_shortfall") is not None else "–"),
+            "seeds lowered / raised": f"{e['seeds_lowered']} / {e['seeds_raised']}",
+            "time (ms)": e["time_ms"], **{QUALITY_NAMES[q]: e[q] for q in DIAGNOSTICS},
+            "statistics tokens": e["statistics_tokens"], "tokens / d_e²": e["tokens_per_d_e2"],
+        })
     return pd.DataFrame(rows)
 
 
 def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> Section:
-    """The page's lead: per regime, the strategy to use, its cost and quality, and the runner-up with its reason.
+    """The page's lead: per regime, the strategy to use, whether growth generalises there, its cost and held-out
+    gain, and the runner-up with its reason.
 
     Regimes without runs in this database are listed with the choice ``strategies.make("default")``
     borrows for them, so that a reader on a GPU sees what will run.
@@ -141,23 +153,27 @@ def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> S
     table["runner-up: why it lost"] = [
         "" if up is None else f"{up}: {_shorten(str(why).split('; ')[0])}"
         for up, why in zip(table.runner_up, table.runner_up_reason, strict=True)]
+    table["heldout_gain"] = 100 * table.heldout_gain
     table = table.drop(columns=["runner_up", "runner_up_reason", "datasets"]).rename(columns={
-        "time_ms": "time (ms)", "x_floor": "× floor", **{q: QUALITY_NAMES[q] for q in QUALITY}})
+        "time_ms": "time (ms)", "x_floor": "× floor", "heldout_gain": "held-out gain (%)",
+        **{q: QUALITY_NAMES[q] for q in DIAGNOSTICS}})
     missing = [r for r in all_regimes() if r.key not in recs]
     blocks: list[Block] = [
         Paragraph.of("Use ", Span('strategies.make("default")', "code"), ": it runs, per regime of its inputs "
                      "(device × width d_e), the choice below, which this database's runs make by the rule of ",
                      Link("the recommendation", "recommendation", recommendation_title(next(iter(recs.values())))),
-                     f" (fastest among those {rule_in_brief()}). "
-                     "Quality columns are medians over the regime's datasets; path efficiency is the share of its "
-                     "own path's best decrease that the line search reaches."),
+                     f" (the fastest strategy that {rule_in_brief()}). The held-out gain is the held-out loss "
+                     "decrease as a share of the held-out loss before the growth, on test batches the step never "
+                     "saw (median over the regime's datasets of the mean over seeds); optimality, path efficiency "
+                     "and the batch gain are diagnostics of the step on the batches it was fitted to."),
         Table(table.drop(columns="fallback"), wide=("runner-up: why it lost",),
-              formats={"× floor": ".3g", "time (ms)": ".3g", **{QUALITY_NAMES[q]: ".3g" for q in QUALITY}}),
+              formats={"× floor": ".3g", "time (ms)": ".3g", "held-out gain (%)": "+.3g",
+                       **{QUALITY_NAMES[q]: ".3g" for q in DIAGNOSTICS}}),
     ]
-    fallen = [k for k, r in recs.items() if r.fallback]
-    if fallen:
-        blocks.append(Paragraph.of("Fallback in " + ", ".join(fallen) + ": no strategy meets the rule there; "
-                                   "the choice is the one closest to it (see its evidence).", style="note"))
+    for key, rec in recs.items():
+        if rec.verdict != GENERALISES:
+            blocks.append(Paragraph.of(Span(f"{Regime.parse(key).describe()}: ", "strong"), rec.statement,
+                                       style="note"))
     if missing:
         shipped = default_specs()
         borrowed = "; ".join(f"{r.describe()}: {shipped[r].spec}" for r in missing)
@@ -173,8 +189,8 @@ def _choice(rec: Recommendation) -> Paragraph:
     if rec.spec in names:
         parts += [" (preset ", Span(names[rec.spec], "strong"), ")"]
     if rec.fallback:
-        parts += [" — ", Span("fallback: no strategy meets the rule", "em")]
-    parts.append(f", median time {rec.evidence['median_time_ms']:.3g} ms.")
+        parts += [" — ", Span(f"fallback: {rec.verdict}", "em")]
+    parts.append(f", median time {rec.evidence['median_time_ms']:.3g} ms. {rec.statement}")
     return Paragraph.of(*parts, style="choice")
 
 
@@ -204,8 +220,9 @@ def recommendation_sections(rec: Recommendation | None, error: str | None, ancho
         blocks.append(_choice(rec))
     if rec.forced_by:
         blocks.append(Paragraph.of("Forced to a fallback by: " + "; ".join(
-            f"{f['dataset']}, {QUALITY_NAMES[f['measure']]} {f['value']:.3g} vs {f['best']:.3g} "
-            f"({label(f['best_strategy'])})" for f in rec.forced_by) + ".", style="note"))
+            f"{f['dataset']}: " + ("does not lower the held-out loss beyond noise" if f["measure"] == "lowers" else
+                                   f"not shown within the tolerance of {label(f['best_strategy'])}")
+            for f in rec.forced_by) + ".", style="note"))
     blocks.append(Paragraph.of(Span("Rule.", "strong"), " ", rec.rule))
     cells: list = ["Reference configurations: "]
     for i, (ds, desc) in enumerate(rec.cells.items()):
@@ -213,7 +230,8 @@ def recommendation_sections(rec: Recommendation | None, error: str | None, ancho
     blocks.append(Paragraph.of(*cells, "."))
     sections = [Section(title, blocks, anchor=anchor)]
     if rec.spec is not None:
-        sections.append(Section("Evidence (medians over seeds)", [Table(evidence_table(rec))], level=3,
+        sections.append(Section("Evidence (held-out gain over seeds, diagnostics as medians)",
+                                [Table(evidence_table(rec), formats={"held-out gain (%)": "+.3g"})], level=3,
                                 folded="the choice against the best, per dataset"))
     runners_up = rec.runners_up[["rank", "strategy", "preset", "time_ms", "x_floor", "reason"]].rename(
         columns={"time_ms": "median time (ms)", "x_floor": "× floor"})

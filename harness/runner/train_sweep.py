@@ -40,26 +40,27 @@ def train_presets() -> dict[str, list[TrainConfig]]:
 
     ``smoke`` (seconds): the six methods on teacher and text, tiny sizes, one seed.
     ``quick`` (minutes on 2 CPU cores): teacher (teacher ``d_k`` = 16) and text, student
-    from ``d_k`` = 2 to 16 by 2 every 100 steps; the six methods, the three scale
-    policies, the two optimiser-state policies, the bottleneck trigger and a two-head
+    from ``d_k`` = 2 to 16 by 2 every 100 steps; the six methods, three seeds.
+    ``variants``: the quick sizes with the design's settings besides the method: the three
+    scale policies, the two optimiser-state policies, the bottleneck trigger and a two-head
     block (each head grown, or the budget split), two seeds.
-    ``real`` (about 10 minutes on one CPU thread; needs the ``real`` extra): the real
+    ``real`` (about 30 minutes on one CPU thread; needs the ``real`` extra): the real
     pretrained model, every head of MiniLM's layer 2 narrowed to ``d_k`` = 4 and grown by 4
     every 30 steps to 16 while distilling to the original model's output; the six methods,
-    one seed. It is not in ``quick``: it would add several minutes and the 90 MB weights.
-    ``full``: the quick design at ``d_e = 64``, longer, three seeds; and the real design,
-    twice as long, distilled and fine-tuned, three seeds.
+    three seeds. It is not in ``quick``: it would add many minutes and the 90 MB weights.
+    ``full``: the quick design and its variants at ``d_e = 64``, longer, three seeds; and the
+    real design, twice as long, distilled and fine-tuned, three seeds.
     """
     smoke = dict(d_s=16, d_e=16, b=32, d_k0=2, d_k_max=8, p=2, grow_every=40, steps=200, eval_every=20)
     quick = dict(d_s=32, d_e=32, b=64, d_k0=2, d_k_max=16, p=2, grow_every=100, steps=1200, eval_every=50)
     full = dict(d_s=64, d_e=64, b=128, d_k0=2, d_k_max=16, p=2, grow_every=200, steps=3000, eval_every=100)
     real_full = {**REAL_SIZES, "grow_every": 60, "steps": 300, "eval_every": 30}
 
-    def design(sizes: dict, seeds: list[int]) -> list[TrainConfig]:
-        data = ["teacher", "text"]
+    data = ["teacher", "text"]
+
+    def variants(sizes: dict, seeds: list[int]) -> list[TrainConfig]:
         h2 = {**sizes, "d_k_max": sizes["d_k_max"] // 2, "n_heads": 2}
         return [
-            *_grid(COMPARED_METHODS, data, seeds, **sizes),
             *_grid(["default"], data, seeds, **sizes, scale_policy="fixed"),
             *_grid(["default"], data, seeds, **sizes, scale_policy="learnable"),
             *_grid(["fixed-large"], data, seeds, **sizes, scale_policy="fixed"),
@@ -71,10 +72,11 @@ def train_presets() -> dict[str, list[TrainConfig]]:
             *_grid(["default"], data, seeds, **{**h2, "p": 2 * sizes["p"]}, head_split="budget"),
         ]
 
-    return {"smoke": _grid(COMPARED_METHODS, ["teacher", "text"], [0], **smoke),
-            "quick": design(quick, [0, 1]),
-            "real": _grid(COMPARED_METHODS, [REAL_DISTILL], [0], **REAL_SIZES),
-            "full": [*design(full, [0, 1, 2]),
+    return {"smoke": _grid(COMPARED_METHODS, data, [0], **smoke),
+            "quick": _grid(COMPARED_METHODS, data, [0, 1, 2], **quick),
+            "variants": variants(quick, [0, 1]),
+            "real": _grid(COMPARED_METHODS, [REAL_DISTILL], [0, 1, 2], **REAL_SIZES),
+            "full": [*_grid(COMPARED_METHODS, data, [0, 1, 2], **full), *variants(full, [0, 1, 2]),
                      *_grid(COMPARED_METHODS, [REAL_DISTILL, REAL_FINETUNE], [0, 1, 2], **real_full)]}
 
 

@@ -85,6 +85,7 @@ CONFIG_COLUMNS = {
     "strategy": "TEXT", "dataset": "TEXT", "d_s": "INTEGER", "d_e": "INTEGER", "b": "INTEGER",
     "d_k": "INTEGER", "p": "INTEGER", "seed": "INTEGER", "device": "TEXT", "n_batches": "INTEGER",
     "repeats": "INTEGER", "warmup_steps": "INTEGER", "dtype": "TEXT", "scale_policy": "TEXT",
+    "heldout_batches": "INTEGER",
 }
 RESULT_COLUMNS = {
     "optimality": "REAL", "first_order_decrease": "REAL", "loss_before": "REAL", "loss_after": "REAL",
@@ -94,7 +95,8 @@ RESULT_COLUMNS = {
     "t_total": "REAL", "t_floor": "REAL", "t_loss_eval": "REAL", "peak_mem_bytes": "INTEGER",
     "peak_mem_method": "TEXT", "extra": "TEXT", "path_efficiency": "REAL", "scan_decrease": "REAL",
     "heldout_decrease_at_scan_best": "REAL", "host_syncs": "INTEGER", "reference_converged": "REAL",
-    "reference_residual": "REAL",
+    "reference_residual": "REAL", "heldout_decrease_se": "REAL", "heldout_tokens": "INTEGER",
+    "statistics_tokens": "INTEGER",
 }
 # Where and with what each run was made (harness.env.recorded); both run tables have them.
 ENV_COLUMNS = {

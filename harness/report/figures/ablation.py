@@ -17,7 +17,10 @@ from harness.report.figures.palette import dataset_colors
 
 TITLE = "Ablation: the paired effect of changing one axis"
 AXIS_TITLES = {"averaging": "averaging", "inverse": "inverse", "truncation": "truncation", "metric": "metric-aware",
-               "line_search": "line search", "method": "search method"}
+               "line_search": "line search", "holdout": "λ on a held-out batch", "shrink": "λ without optimism",
+               "method": "search method"}
+#: The axes whose values are on and off (``+metric``, ``+holdout``, ``+shrink``).
+FLAGS = ("metric", *strategies.Spec.LINE_SEARCH_FLAGS)
 PAIR_KEYS = ("dataset", "seed", *CELL_COLUMNS)
 PAIR_COLUMNS = ["axis", "change", "dataset", "seed", "spec_a", "spec_b", "time_ratio", "raw_time_ratio",
                 "d_optimality", "d_heldout_pct"]
@@ -34,12 +37,13 @@ def floor_multiple(run) -> float:
 
 def _axis_rank(axis: str):
     """Registry order of an axis's values (the order a change is written in when neither side is the default)."""
-    values = {"metric": [True, False], "method": list(strategies.METHODS)}.get(axis) or list(strategies.REGISTRY[axis])
+    values = ([True, False] if axis in FLAGS else list(strategies.METHODS) if axis == "method"
+              else list(strategies.REGISTRY[axis]))
     return lambda v: values.index(v) if v in values else len(values)
 
 
 def _value_text(axis: str, value) -> str:
-    return ("on" if value else "off") if axis == "metric" else str(value)
+    return ("on" if value else "off") if axis in FLAGS else str(value)
 
 
 def _pair(run_a, spec_a, run_b, spec_b, default) -> dict | None:
@@ -136,14 +140,15 @@ def ablation(frame: pd.DataFrame) -> FigureResult:
                                                     "everything else equal) are in the database.")
     summary = ablation_summary(pairs)
     fig = _draw(pairs, list(summary.index))
-    biggest_quality = summary.optimality.abs().idxmax()
+    biggest_quality = summary.heldout_pct.abs().idxmax()
     biggest_time = summary.time.map(lambda v: abs(math.log(v)) if v > 0 else 0).idxmax()
     caption = ("Each dot is a pair of runs that differ only in that axis (same dataset, sizes, seed and device), the "
                "bar their median; time ratios compare t_total / t_floor of the two runs, since each run's floor is "
                "timed between its repeats and cancels slow periods of the machine (the plain t_total ratios have "
                f"medians {summary.raw_time.min():.2g}–{summary.raw_time.max():.2g}×). "
-               f"Largest quality effect: {biggest_quality} (optimality "
-               f"{summary.loc[biggest_quality, 'optimality']:+.3f}); largest time effect: {biggest_time} "
+               f"Largest effect on the held-out loss decrease: {biggest_quality} "
+               f"({summary.loc[biggest_quality, 'heldout_pct']:+.2g}% of the held-out loss, median over pairs); "
+               f"largest time effect: {biggest_time} "
                f"(×{summary.loc[biggest_time, 'time']:.2g}).")
     table = pd.DataFrame({"change": summary.index, "pairs": summary.pairs.to_numpy(),
                           "time ×": summary.time.to_numpy(), "Δ optimality": summary.optimality.to_numpy(),

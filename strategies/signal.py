@@ -1,0 +1,76 @@
+"""How much of a step's in-sample decrease is signal: the split-half estimate (docs/mathematics.md §5.4).
+
+A direction fitted to a noisy gradient follows the noise of the very samples it is
+judged on, so its in-sample slope ``⟨M, P⟩`` is optimistic. Split the samples into two
+halves with gradient sums ``M_a``, ``M_b`` and directions ``P_a``, ``P_b`` made the same
+way from each (``P = P_a + P_b``). The noise of one half is independent of the other,
+so the cross-fitted slope ``2 ⟨M_a, P_b⟩ + 2 ⟨M_b, P_a⟩`` estimates, without that
+optimism, the slope the direction has on data drawn like the samples. Its ratio to the
+in-sample slope is the *signal share* ``s``; ``1 − s`` of the slope is optimism.
+
+The step the growth takes is the rank-``r`` truncation of ``Z − λP̂``, which already
+drops most of the noise spread over many directions. The share is therefore measured
+on ``P``'s top-``r`` singular subspace in the truncation's own geometry (the metric of
+``E[XᵀX]`` for a ``+metric`` truncation): the whitened directions ``Y = Lᵀ P L`` and
+gradients ``N = L⁻¹ M L⁻ᵀ`` (so that ``⟨N, Y⟩ = ⟨M, P⟩``) projected on ``Y``'s top-``r``
+left and right singular vectors.
+
+This module imports nothing of the package but the metric's type.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .truncation import Metric
+
+#: Widths above which the top singular subspace comes from a randomised sketch instead of a full SVD.
+LOW_RANK_ABOVE = 1024
+
+
+def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple[Tensor, Tensor], rank: int,
+                 metric: Metric | None = None) -> float:
+    """The split-half estimate of the share of the in-sample slope of ``P = P_a + P_b`` that is not optimism.
+
+    Parameters
+    ----------
+    gradient_halves : (Tensor, Tensor)
+        ``M_a``, ``M_b``: ``Σ X_bᵀ G_b X_b`` over each half of the samples, ``(d_e, d_e)`` each.
+    direction_halves : (Tensor, Tensor)
+        ``P_a``, ``P_b``: the direction made from each half, ``(d_e, d_e)`` each (any common scale).
+    rank : int
+        ``d_k + p``: the share is measured on ``P``'s top-``rank`` singular subspace.
+    metric : Metric, optional
+        The truncation's metric; None for a plain (Frobenius) truncation.
+
+    Returns
+    -------
+    float
+        ``2(⟨N_a, ΠY_b⟩ + ⟨N_b, ΠY_a⟩) / ⟨N_a + N_b, Π(Y_a + Y_b)⟩``; NaN when the in-sample slope
+        is not positive. Not clamped: a share outside ``[0, 1]`` is noise of the estimate itself.
+    """
+    M_a, M_b = (M.double() for M in gradient_halves)
+    P_a, P_b = (P.to(M_a) for P in direction_halves)
+    if metric is not None:
+        L = metric.L.to(M_a)
+        Y_a, Y_b = (L.mT @ P @ L for P in (P_a, P_b))
+        N_a, N_b = (metric.dual_whiten(M.to(metric.L.dtype)).to(M_a) for M in (M_a, M_b))
+    else:
+        Y_a, Y_b, N_a, N_b = P_a, P_b, M_a, M_b
+    Y = Y_a + Y_b
+    if Y.shape[-1] <= LOW_RANK_ABOVE:
+        U, _, Vh = torch.linalg.svd(Y)
+        U, V = U[:, :rank], Vh[:rank].mT
+    else:  # the top singular subspace of a wide matrix by a seeded sketch, as the rsvd truncation does
+        with torch.random.fork_rng(devices=[Y.device] if Y.device.type == "cuda" else []):
+            torch.manual_seed(0)
+            U, _, V = torch.svd_lowrank(Y, q=min(rank + 16, Y.shape[-1]), niter=4)
+        U, V = U[:, :rank], V[:, :rank]
+
+    def core(T: Tensor) -> Tensor:  # Uᵀ T V: ⟨A, U Uᵀ B V Vᵀ⟩ = ⟨Uᵀ A V, Uᵀ B V⟩
+        return U.mT @ T @ V
+
+    ya, yb, na, nb = map(core, (Y_a, Y_b, N_a, N_b))
+    honest, in_sample = torch.stack([2 * ((na * yb).sum() + (nb * ya).sum()), ((na + nb) * (ya + yb)).sum()]).tolist()
+    return honest / in_sample if in_sample > 0 else float("nan")

@@ -1,0 +1,87 @@
+"""Every claim of the committed recommendation holds on the per-seed runs it comes from (issue 26, item 3).
+
+The committed sweep (``reports/runs.csv``) is read back, and each regime's claims in
+``reports/recommendation.json`` are recomputed independently of :mod:`harness.recommend`:
+means and intervals with scipy's t-tests, the best by plain pandas, the per-seed verdicts
+from each run's own standard error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORTS = ROOT / "reports"
+
+
+@pytest.fixture(scope="module")
+def committed():
+    runs = pd.read_csv(REPORTS / "runs.csv")
+    runs = runs[runs.status == "ok"].assign(gain=lambda d: d.heldout_decrease / d.heldout_before)
+    return runs, json.loads((REPORTS / "recommendation.json").read_text())
+
+
+def _reference(runs: pd.DataFrame, dataset: str, description: str) -> pd.DataFrame:
+    """The runs of ``dataset`` in the reference configuration that ``description`` names."""
+    sizes = dict(re.findall(r"(\w+)=(\d+)", description.split(" on ")[0]))
+    device = description.split(" on ")[1].split(",")[0]
+    sel = (runs.dataset == dataset) & (runs.device == device)
+    for key, value in sizes.items():
+        sel &= runs[key] == int(value)
+    return runs[sel]
+
+
+def _interval(values) -> tuple[float, float, float]:
+    values = np.asarray(values, dtype=float)
+    ci = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    return float(values.mean()), float(ci.low), float(ci.high)
+
+
+def _per_seed(ref: pd.DataFrame, strategy: str) -> pd.Series:
+    return ref[ref.strategy == strategy].set_index("seed").gain.sort_index()
+
+
+def test_every_claim_of_the_committed_recommendation_holds_on_its_runs(committed):
+    runs, data = committed
+    checked = 0
+    for key, entry in data["regimes"].items():
+        eligible = [r["strategy"] for r in entry["table"] if r["eligible"]]
+        tolerance = entry["tolerance"]
+        for dataset, description in entry["reference_configurations"].items():
+            ref = _reference(runs, dataset, description)
+            mine = _per_seed(ref, entry["spec"])
+            claim = entry["evidence"][dataset]
+            mean, low, high = _interval(mine)
+            assert claim["heldout_gain"][:3] == pytest.approx([mean, low, high], rel=1e-9, abs=1e-12), (key, dataset)
+            assert claim["lowers"] == (low > 0), (key, dataset)
+            # The best is the eligible strategy with the highest mean gain.
+            means = {s: _per_seed(ref, s).mean() for s in eligible}
+            assert claim["best_heldout_gain"] == pytest.approx(max(means.values()), rel=1e-12), (key, dataset)
+            best = _per_seed(ref, claim["best_strategy"])
+            diffs = (mine - best).dropna()
+            if (diffs == 0).all():
+                assert claim["within"], (key, dataset)
+            else:
+                d_mean, d_low, _ = _interval(diffs)
+                assert claim["within"] == (d_low >= -tolerance * abs(best.mean())), (key, dataset)
+            # Seeds on which the choice lowered or raised the held-out loss beyond its run's own noise.
+            rows = ref[ref.strategy == entry["spec"]]
+            bound = stats.t.ppf(0.975, rows.heldout_batches - 1) * rows.heldout_decrease_se / rows.heldout_before
+            assert (claim["seeds_lowered"], claim["seeds_raised"]) == (int((rows.gain > bound).sum()),
+                                                                        int((rows.gain < -bound).sum()))
+            checked += 1
+        # The verdict: a strategy that lowers the held-out loss on every dataset exists exactly when it says so.
+        lowers_everywhere = [s for s in eligible
+                             if all(_interval(_per_seed(_reference(runs, ds, desc), s))[1] > 0
+                                    for ds, desc in entry["reference_configurations"].items())]
+        assert entry["generalises"] == bool(lowers_everywhere), key
+        if entry["verdict"] == "generalises":
+            assert all(e["lowers"] and e["within"] for e in entry["evidence"].values() if isinstance(e, dict)), key
+    assert checked >= 4
