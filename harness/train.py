@@ -338,16 +338,19 @@ def _timed(device: str, work: Callable[..., T], *args) -> tuple[T, float]:
     return out, time.perf_counter() - t0
 
 
-def _counted_growth(model, ds, strategy, opt, cfg: TrainConfig, step: int, run: _Ledger) -> None:
+def _counted_growth(model, ds, strategy, opt, cfg: TrainConfig, step: int, run: _Ledger, heldout: list) -> None:
     """Grow before ``step``, its wall time and every FLOP counted in ``run`` (not the making of its batches,
-    as for a training step)."""
+    as for a training step). Each event also records the model's held-out loss just before and just after the
+    growth (not counted either): what the growth itself did to data it has not seen."""
     batches = [ds.batch(cfg.b, "train", i) for i in growth_batches(step, cfg.stats_batches)]
+    before = _heldout(model, heldout)
     with FlopCounterMode(display=False) as fc:
         events, dt = _timed(cfg.device, _growth_event, model, batches, strategy, opt, cfg, step, run.checks)
     run.growth_wall += dt
     run.wall += dt
     run.growth_flops += float(fc.get_total_flops())
-    run.events += [{**e, "step": step} for e in events]
+    after = _heldout(model, heldout)
+    run.events += [{**e, "step": step, "heldout_before": before, "heldout_after": after} for e in events]
 
 
 def _optimiser_step(model, opt, inputs, targets) -> torch.Tensor:
@@ -383,7 +386,7 @@ def train_run(cfg: TrainConfig, progress=None) -> dict:
     run.point(0, model, heldout)
     for step in range(1, cfg.steps + 1):
         if cfg.grows and step > 1 and (step - 1) % cfg.grow_every == 0 and min(_architecture(model)) < cfg.d_k_max:
-            _counted_growth(model, ds, strategy, opt, cfg, step, run)
+            _counted_growth(model, ds, strategy, opt, cfg, step, run, heldout)
         inputs, targets = (t.to(device) for t in ds.batch(cfg.b, "train", step))
         arch = _architecture(model)
         if arch not in flops_per_step:

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ._checks import check_batch, check_factors, check_scale, compute_dtype, pow2_scale
 from .averaging import Averaging
-from .line_search import LineSearch, SearchProblem
+from .line_search import LineSearch, SearchProblem, truncated_scores
 from .result import GrowthResult
 from .signal import signal_share
 from .statistics import Statistics
@@ -494,8 +494,9 @@ class GrowthStrategy(Strategy):
             with timed(ctx.timings, "line_search", ctx.X.device):
                 lam, loss_at = self.line_search.search(prob, ctx.log, ctx.info)
             U, s, V, lam, ctx.loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
-            if ctx.heldout_samples is not None:  # the search moved the held-out samples only
-                ctx.loss_after = None
+            if ctx.heldout_samples is not None:  # the search moved the held-out samples only: the whole batch's loss
+                with torch.no_grad():
+                    ctx.loss_after = float(ctx.loss(truncated_scores(ctx.X, U, s, V)))
         # Every loss call hands its value to the host; so do the builder and the factorisations.
         ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + ctx.loss.calls - calls_before
         root = s.clamp_min(0).sqrt() / math.sqrt(ctx.new_scale)

@@ -14,7 +14,8 @@ Two more things make a step judge itself by data it did not fit (docs/mathematic
   (:mod:`strategies.signal`).
 - The last batch's contribution is kept apart, so :meth:`Statistics.without_last` can hand
   a ``+holdout`` line search statistics that never saw the batch it chooses λ on. A cheap
-  fingerprint of every batch (its shape and float64 sum) tells which batches the sums hold.
+  fingerprint of every batch (its shape, float64 sum and sum of squares) tells which batches
+  the sums hold.
 
 Precision: the first batch fixes the statistics' dtype and device, float32 for
 float16/bfloat16 batches (:func:`strategies._checks.compute_dtype`); later batches are
@@ -30,6 +31,12 @@ from torch import Tensor
 
 from ._checks import check_batch, compute_dtype
 from .timing import timed
+
+
+def _fingerprint(X: Tensor) -> Tensor:
+    """``(Σx, Σx²)`` of a batch in float64, ``(2,)``: what tells one batch from another."""
+    X64 = X.to(torch.float64)
+    return torch.stack([X64.sum(), (X64 * X64).sum()])
 
 
 class Statistics:
@@ -57,7 +64,8 @@ class Statistics:
         self.elapsed = 0.0
         self.log: list[str] = []
         self._timings: dict[str, float] = {}
-        #: Per batch: (shape, float64 sum of X) as tensors, compared only when a growth asks (no host sync here).
+        #: Per batch: (shape, float64 sum and sum of squares of X) as tensors, compared only when a growth asks (no
+        #: host sync here).
         self._fingerprints: list[tuple[tuple[int, ...], Tensor]] = []
         #: The last batch's contribution to every running sum, by attribute name (for :meth:`without_last`).
         self._last: dict[str, Tensor] = {}
@@ -120,7 +128,7 @@ class Statistics:
             for name, value in (("sum_A", A), ("sum_M", M), ("sum_M_even", M_even)):
                 self._add_to(name, value)
             self._accumulate(X, G, GX, mask)
-            self._fingerprints.append((tuple(X.shape), X.sum(dtype=torch.float64)))
+            self._fingerprints.append((tuple(X.shape), _fingerprint(X)))
             self.n += X.shape[0]
             self.tokens += X.shape[0] * X.shape[1]
         self.elapsed = self._timings["update"]
@@ -144,18 +152,19 @@ class Statistics:
     def batch_index(self, X: Tensor) -> int | None:
         """The index of the batch ``X`` among those accumulated (by fingerprint), or None when it is not one.
 
+        The same numbers in another precision are the same batch: the fingerprints (float64 sum and sum of
+        squares) must agree to within float32's rounding of the entries, far below what separates two draws.
         One host transfer; a batch of another shape is never a match.
         """
-        if not self._fingerprints:
-            return None
-        shape = tuple(X.shape)
-        mine = X.to(self.sum_A.device).sum(dtype=torch.float64)
-        candidates = [i for i, (s, _) in enumerate(self._fingerprints) if s == shape]
+        candidates = [i for i, (s, _) in enumerate(self._fingerprints) if s == tuple(X.shape)]
         if not candidates:
             return None
-        sums = torch.stack([self._fingerprints[i][1] for i in candidates])
-        equal = (sums == mine).tolist()  # the same tensor summed the same way: bit for bit
-        hits = [i for i, e in zip(candidates, equal, strict=True) if e]
+        mine = _fingerprint(X.to(self.sum_A.device))
+        theirs = torch.stack([self._fingerprints[i][1] for i in candidates])
+        # |Σx − Σx'| ≤ 1e-5 √(n Σx²) and |Σx² − Σx'²| ≤ 1e-5 Σx²: float32 rounding moves each entry by 6e-8 of itself.
+        scale = torch.stack([(X.numel() * mine[1]).sqrt(), mine[1]]).clamp_min(torch.finfo(torch.float64).tiny)
+        close = ((theirs - mine).abs() <= 1e-5 * scale).all(dim=1).tolist()
+        hits = [i for i, c in zip(candidates, close, strict=True) if c]
         return hits[-1] if hits else None
 
     @property

@@ -27,6 +27,18 @@ BASELINES = {"random", "zero", "gradmax"}
 GROWTH_PRESETS = [name for name in PRESETS if name not in BASELINES]
 
 
+def holds_out(name: str) -> bool:
+    """Whether ``name`` (the default resolved for these inputs) chooses λ on samples its direction did not see.
+
+    On one batch of this problem's four samples, whose targets are independent, such a step is fitted to two
+    samples and judged on the other two: the whole batch's loss need not fall, so the tests below ask a decrease
+    only of a step that fits its own batch, and of the others that they say what they held out.
+    """
+    s = strategies.make(name)
+    s = s.resolve("cpu", D_E) if isinstance(s, strategies.DefaultStrategy) else s
+    return s.holds_out
+
+
 def attention_loss(V: torch.Tensor, T: torch.Tensor, seen: list | None = None, upcast: bool = False):
     """Softmax attention over values ``V``, MSE to ``T``; computed in ``V``'s dtype unless ``upcast``.
 
@@ -100,8 +112,8 @@ def test_half_precision_result_is_in_the_input_dtype_and_honest(name, dtype):
     if name in ("zero", "gradmax"):
         assert r.loss_after == r.loss_before  # the function is kept exactly (scale = new_scale)
     elif name != "random":
-        assert r.lam > 0 and r.loss_after < r.loss_before
-        assert "loss_after_float32" in r.info
+        assert r.lam > 0 and "loss_after_float32" in r.info
+        assert r.loss_after < r.loss_before if not holds_out(name) else "holdout" in r.info
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -122,6 +134,9 @@ def test_half_precision_direction_is_the_float32_direction(name, dtype):
 def test_half_precision_growth_matches_float32(name, dtype, seed):
     """With a loss that reduces in full precision, the half result is the float32 result up to the
     rounding of the scores and of the returned factors: same λ (to 1%), same Z', same true decrease."""
+    if holds_out(name):
+        pytest.skip("λ judged on two held-out samples is ill-conditioned on this four-sample problem (the loss is "
+                    "flat about its minimum); the precision path it takes is the other presets'")
     pr64 = problem(seed)
     half = cast(pr64, dtype)
     wide = cast(half, torch.float32)  # the very same numbers, widened
@@ -164,12 +179,13 @@ def test_half_precision_statistics_accumulate_in_float32(dtype):
     statistics equals the growth from float32 statistics of the same numbers."""
     a, b = cast(problem(0), dtype), cast(problem(3), dtype)
     s = strategies.make("default")
-    mixed = s.new_statistics().update(a["X"], a["G"]).update(b["X"].float(), b["G"].float())
-    wide = s.new_statistics().update(a["X"].float(), a["G"].float()).update(b["X"].float(), b["G"].float())
+    # λ is chosen on a, the last batch accumulated (a +holdout default takes it out of the statistics).
+    mixed = s.new_statistics().update(b["X"], b["G"]).update(a["X"].float(), a["G"].float())
+    wide = s.new_statistics().update(b["X"].float(), b["G"].float()).update(a["X"].float(), a["G"].float())
     assert mixed.sum_A.dtype == torch.float32 and mixed.n == 2 * B
     assert torch.equal(mixed.sum_A, wide.sum_A) and torch.equal(mixed.sum_M, wide.sum_M)
     r = grow("default", a, attention_loss(a["V"], a["T"]), stats=mixed)
-    assert r.W_Q.dtype == dtype and r.lam > 0 and r.loss_after < r.loss_before
+    assert r.W_Q.dtype == dtype and r.lam > 0 and r.loss_after <= r.loss_before
 
 
 # ------------------------------------------------------------------ extreme magnitudes
@@ -193,7 +209,7 @@ def test_extreme_G_is_rescaled_not_reported_as_unreachable(spec, factor):
     r = grow(spec, {**pr, "G": pr["G"] * factor}, lambda S: loss(S) * factor)
     assert not any("X P Xᵀ" in m for m in r.fallback), r.fallback
     assert r.fallback == ref.fallback
-    assert r.lam > 0 and r.loss_after < r.loss_before
+    assert r.lam > 0 and (r.loss_after < r.loss_before or holds_out(spec))
     assert r.lam == pytest.approx(ref.lam, rel=1e-3)
     assert rel_err(r.dZ, ref.dZ) < 1e-3
     assert r.loss_after == pytest.approx(ref.loss_after * factor, rel=1e-5)
@@ -218,7 +234,7 @@ def test_statistics_of_extreme_G_give_the_same_step(spec, factor):
     assert r.lam == pytest.approx(ref.lam, rel=1e-3)
     assert rel_err(r.W_Q.abs() if spec == "gradmax" else r.dZ, ref.W_Q.abs() if spec == "gradmax" else ref.dZ) < 1e-3
     if spec != "gradmax":
-        assert r.lam > 0 and r.loss_after < r.loss_before
+        assert r.lam > 0 and (r.loss_after < r.loss_before or holds_out(spec))
 
 
 @pytest.mark.parametrize("spec", ["default", "formula1", "joint"])

@@ -412,3 +412,17 @@ def test_report_of_a_tiny_real_sweep(tmp_path):
     notes = " ".join(done["notes"])
     assert "scaling" in notes and "no GPU comparison" in notes.replace("No GPU", "no GPU")
     assert R.recommend(R.load_frame(db)).spec is not None
+
+
+def test_a_change_that_matters_on_one_dataset_is_never_said_not_to_matter():
+    from harness.report.advice import _ablation_statements
+
+    a, b = "gram/solve/full+metric/normal:bracket", "gram/pinv/full+metric/normal:bracket"
+    rows = []
+    for seed in range(3):
+        for ds, shift in (("A", 0.0), ("B", 0.01)):  # B: pinv gains 1 % of the held-out loss more, A: nothing
+            rows += [row(a, ds, seed=seed, t=0.01, heldout=0.01), row(b, ds, seed=seed, t=0.01, heldout=0.01 + shift)]
+    said = " ".join(_ablation_statements(pd.DataFrame(rows)))
+    assert "inverse" not in said
+    same = [r | {"heldout_decrease": 0.01, "heldout_after": 0.99} for r in rows]
+    assert "the inverse (pinv → solve)" in " ".join(_ablation_statements(pd.DataFrame(same)))

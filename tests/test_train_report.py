@@ -31,12 +31,14 @@ HOSTILE = "<script>alert('t')</script>"
 STEPS, EVERY, GROW = 40, 10, 10
 SIZES = dict(d_s=8, d_e=8, b=8, d_k0=2, d_k_max=8, p=2, grow_every=GROW, steps=STEPS, eval_every=EVERY)
 
-# Final held-out loss and total FLOPs per (dataset, variant): one value per seed 0, 1, 2.
-# teacher: default within 5% of fixed-large with fewer FLOPs, and below every baseline.
-# text: default within 5% of fixed-large but with more FLOPs; gradmax beats default.
-# digits: default 20% above fixed-large (with fewer FLOPs); default beats the baselines.
+# Final held-out loss and total FLOPs per (dataset, variant): one value per seed 0, 1, 2. Curves fall linearly
+# from 3.0 to the final loss, FLOPs in proportion to the step.
+# teacher: default reaches fixed-large's final loss (1.0) at 0.6× its FLOPs, and ends no higher than every baseline
+# on every seed (equal to fixed-large on seed 0).
+# text: default never reaches fixed-large's 2.0 (it ends at 2.04); gradmax and fixed-large end below it.
+# digits: default ends 20% above fixed-large on every seed (with fewer FLOPs); it beats random, zero and gradmax.
 FINALS = {
-    ("teacher", "default"): [1.00, 0.90, 1.30], ("teacher", "fixed-large"): [1.00, 0.98, 1.10],
+    ("teacher", "default"): [1.00, 0.90, 1.05], ("teacher", "fixed-large"): [1.00, 0.98, 1.10],
     ("teacher", "random"): [1.50, 1.40, 1.60], ("teacher", "zero"): [1.20, 1.60, 1.50],
     ("teacher", "gradmax"): [1.10, 1.05, 1.20], ("teacher", "fixed-small"): [2.0, 2.1, 2.2],
     ("text", "default"): [2.04, 2.00, 2.06], ("text", "fixed-large"): [2.00, 1.98, 2.01],
@@ -46,7 +48,7 @@ FINALS = {
     ("digits", "random"): [1.30, 1.30, 1.30], ("digits", "zero"): [1.30, 1.30, 1.30],
     ("digits", "gradmax"): [1.25, 1.25, 1.25],
 }
-FLOPS = {("teacher", "default"): [90, 95, 100], ("teacher", "fixed-large"): [100, 100, 100],
+FLOPS = {("teacher", "default"): [55, 60, 65], ("teacher", "fixed-large"): [100, 100, 100],
          ("text", "default"): [110, 120, 130], ("text", "fixed-large"): [100, 100, 100],
          ("digits", "default"): [80, 80, 80], ("digits", "fixed-large"): [100, 100, 100]}
 GROWTH = {"default": [9, 10, 20], "random": [5, 5, 5], "zero": [5, 5, 5], "gradmax": [6, 6, 6]}
@@ -70,8 +72,12 @@ def train_row(method: str, dataset: str, seed: int, final: float, flops: float, 
         return row
     grows = cfg.grows and method != "fixed-large"
     width = [cfg.d_k_max] * cfg.n_heads if method != "fixed-small" else [cfg.d_k0] * cfg.n_heads
+    # The growth's own held-out effect: the default's raises the held-out loss by 5 %, zero's leaves it.
+    jump = {"default": 0.1, "zero": 0.0}.get(method)
+    effect = {"heldout_before": 2.0, "heldout_after": 2.0 + jump} if jump is not None else {}
     events = [{"head": 0, "p": cfg.p, "d_k": cfg.d_k0 + cfg.p * (i + 1), "lam": 1.0, "loss_before": 2.0,
-               "loss_after": 1.9, "step": s + 1} for i, s in enumerate(range(GROW, STEPS, GROW))] if grows else []
+               "loss_after": 1.9, "step": s + 1, **effect} for i, s in enumerate(range(GROW, STEPS, GROW))] \
+        if grows else []
     curve = [{"step": s, "wall_s": 0.01 * s, "flops": flops * s / STEPS,
               "train_loss": float("nan") if s == 0 else 3.0 + (final - 3.0) * s / STEPS,
               "heldout_loss": 3.0 + (final - 3.0) * s / STEPS, "d_k": width} for s in range(0, STEPS + 1, EVERY)]
@@ -158,26 +164,25 @@ def test_table_medians_equal_hand_computed_medians(section):
 def test_verdicts_reflect_the_numbers(section):
     v = {x.dataset: x for x in section.verdicts}
     assert set(v) == {"teacher", "text", "digits"}
-    # teacher: 1.0 <= 1.05 * 1.0 with 95 < 100 FLOPs; 1.0 below 1.5, 1.5, 1.1.
+    # teacher: the median curve (3 → 1.0 over 40 steps, median FLOPs 60) reaches fixed-large's 1.0 at its end.
     t = v["teacher"]
     assert t.matches_fixed_large is True and t.beats_baselines is True
-    assert "(a) met" in t.text and "final held-out loss 1 against fixed-large's 1 (×1.000" in t.text
-    assert "total FLOPs 95 against 100 (×0.950)" in t.text
-    assert "(b) met: default beats random, zero and gradmax at equal final size (d_k 8)" in t.text
-    assert "gradmax 1.1 (default lower on 2 of 3 seeds)" in t.text  # seed 3 of gradmax failed: 3 shared
+    assert "(a) met: default growth reaches fixed-large's final held-out loss 1 at 60 FLOPs (×0.600" in t.text
+    assert "(b) met: default ends no higher than every baseline on every seed" in t.text
+    assert "gradmax 1.1 (default no higher on 3 of 3 seeds)" in t.text  # seed 3 of gradmax failed: 3 shared
+    assert "fixed-large 1 (default no higher on 3 of 3 seeds)" in t.text  # seed 0: equal
+    assert "default +5% over 9 growths, zero +0% over 9 growths" in t.text
     assert NEGATIVE not in t.text
-    # text: within 5% (2.04 vs 2.0) but 120 > 100 FLOPs; gradmax (1.95) beats default.
+    # text: never reaches 2.0; gradmax and fixed-large end lower on some seeds.
     x = v["text"]
     assert x.matches_fixed_large is False and x.beats_baselines is False
-    assert "(a) NOT met: default growth comes within 5% of fixed-large's loss, but with more FLOPs" in x.text
-    assert "total FLOPs 120 against 100 (×1.200)" in x.text
-    assert "(b) NOT met: default does not beat gradmax" in x.text and NEGATIVE in x.text
-    # digits: 1.2 > 1.05 * 1.0, with fewer FLOPs; default beats every baseline.
+    assert "(a) NOT met: default growth never reaches fixed-large's final held-out loss 2 (its own final: 2.04" \
+        in x.text
+    assert "(b) NOT met: default ends above gradmax, fixed-large on some seed" in x.text and NEGATIVE in x.text
+    # digits: 20 % above fixed-large on every seed.
     d = v["digits"]
-    assert d.matches_fixed_large is False and d.beats_baselines is True
-    assert "does not come within 5% of fixed-large's loss (with fewer FLOPs)" in d.text
-    assert "(×1.200; target ≤ ×1.05)" in d.text and NEGATIVE in d.text
-    assert d.numbers["loss_ratio"] == pytest.approx(1.2)
+    assert d.matches_fixed_large is False and d.beats_baselines is False
+    assert d.numbers["loss_ratio"] == pytest.approx(1.2) and "fixed-large 1 (default no higher on 0 of 3" in d.text
     assert "met on 1 of 3 datasets" in overall_text(section.verdicts)
     # Variants enter the verdict as comparisons.
     assert "Adam state: median final held-out pad 1, reset" in t.text
@@ -191,7 +196,7 @@ def test_verdict_without_the_runs_it_needs_says_so():
                                     if k != "curve"} for r in rows]))
     (v,) = verdicts(runs)
     assert v.matches_fixed_large is None and "(a) not judged: no successful fixed-large run" in v.text
-    assert v.beats_baselines is None and "zero, gradmax did not run" in v.text
+    assert v.beats_baselines is None and "zero, gradmax, fixed-small, fixed-large did not run" in v.text
 
 
 def test_one_dataset_at_two_sizes_is_two_panels():
@@ -204,8 +209,10 @@ def test_one_dataset_at_two_sizes_is_two_panels():
     assert set(t.dataset) == {"teacher (d_e=8)", "teacher (d_e=16)"}  # medians never mix sizes
     assert _cell(t, "teacher (d_e=8)", "default").final_vs_fixed_large == pytest.approx(0.5)
     v = {x.dataset: x for x in verdicts(runs, t)}
-    assert v["teacher (d_e=8)"].matches_fixed_large is True and v["teacher (d_e=16)"].matches_fixed_large is True
-    assert "×1.000" in v["teacher (d_e=16)"].text
+    # Without curves target (a) cannot be judged; target (b) is judged per panel, on its own runs.
+    assert v["teacher (d_e=8)"].matches_fixed_large is None and "no curve" in v["teacher (d_e=8)"].text
+    assert "fixed-large 2 (default no higher on 1 of 1 seed)" in v["teacher (d_e=8)"].text
+    assert "fixed-large 3 (default no higher on 1 of 1 seed)" in v["teacher (d_e=16)"].text
 
 
 def test_growth_steps_and_median_curves(section, fixture_db):
@@ -216,7 +223,7 @@ def test_growth_steps_and_median_curves(section, fixture_db):
     c = med[(med.panel == "teacher") & (med.variant == "default")].set_index("step")
     assert list(c.index) == [0, 10, 20, 30, 40] and (c.seeds == 3).all()
     assert c.loc[40, "heldout"] == pytest.approx(1.0) and c.loc[40, "lo"] == pytest.approx(0.9)
-    assert c.loc[40, "flops"] == pytest.approx(95)
+    assert c.loc[40, "flops"] == pytest.approx(60)
 
 
 # ------------------------------------------------------------------ the report
@@ -272,9 +279,9 @@ def test_captions_are_computed_from_the_data(report):
 def test_advice_names_where_growth_misses_its_targets(report):
     md = (report / "report.md").read_text()
     advice = md.split("## Advice", 1)[1].split("\n## ", 1)[0]
-    # digits: 1.2 × fixed-large's loss; text: 1.2 × its FLOPs and gradmax below default (see FINALS, FLOPS).
+    # digits: 1.2 × fixed-large's loss; text: 1.02 × it, and gradmax below default (see FINALS, FLOPS).
     assert "when training from scratch on digits" in advice and "×1.2 its final held-out loss" in advice
-    assert "when training from scratch on text" in advice and "×1.2 its FLOPs" in advice
+    assert "when training from scratch on text" in advice and "×1.02 its final held-out loss" in advice
     assert "on text: gradmax (1.95)" in advice and "teacher" not in advice.split("What does not matter")[0]
 
 
@@ -346,7 +353,9 @@ def test_report_of_a_tiny_real_training_sweep(tmp_path):
     assert "## Growth during training" in md and "- **teacher**" in md
     (v,) = build_training(*load_training(db)).verdicts
     assert v.matches_fixed_large in (True, False) and "(a) " in v.text
-    assert v.beats_baselines is None and "zero, gradmax did not run" in v.text
+    # zero, gradmax and fixed-small did not run: (b) is either missed on what ran, or not fully judged.
+    assert (v.beats_baselines is None and "zero, gradmax, fixed-small did not run" in v.text) or \
+        (v.beats_baselines is False and "(b) NOT met" in v.text)
     s = pd.read_csv(tmp_path / "out" / "training_summary.csv")
     assert set(s.variant) == {"default", "random", "fixed-large"} and (s.seeds == 1).all()
 

@@ -68,7 +68,10 @@ def test_batch_index_finds_a_batch_by_its_content():
     for X, G in data:
         stats.update(X, G)
     assert [stats.batch_index(X) for X, _ in data] == [0, 1, 2]
-    assert stats.batch_index(data[0][0] + 1e-9) is None and stats.batch_index(data[0][0][:2]) is None
+    # The same numbers rounded to float32 are the same batch; another draw, or a shift of 1e-3, is not.
+    assert stats.batch_index(data[1][0].float()) == 1
+    assert stats.batch_index(data[0][0] + 1e-3) is None and stats.batch_index(data[0][0][:2]) is None
+    assert stats.batch_index(anisotropic_X(5, 6, 4, cond=30, seed=99)) is None
 
 
 # ------------------------------------------------------------------ ridge

@@ -84,9 +84,11 @@ def _training(db, out: Path) -> tuple[TrainingSection | None, list[Path], str | 
         return None, [], None
     section = build_training(runs, curves)
     section.table.to_csv(out / "training_summary.csv", index=False)
-    preset = infer_train_preset(runs)
-    command = (f"growbench train --preset {preset} --db {shlex.quote(str(db))}   # the training runs: exactly "
-               f"the '{preset}' training preset's") if preset else None
+    presets = infer_train_preset(runs)
+    which = (f"the '{presets[0]}' training preset's" if presets and len(presets) == 1 else
+             f"the {' and '.join(repr(q) for q in presets or [])} training presets'")
+    command = "\n".join(f"growbench train --preset {p} --db {shlex.quote(str(db))}   # the training runs: exactly "
+                        f"{which}" for p in presets) if presets else None
     return section, [out / "training_summary.csv"], command
 
 

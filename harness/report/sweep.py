@@ -16,6 +16,7 @@ from harness.recommend import (
     DIAGNOSTICS,
     GENERALISES,
     QUALITY_NAMES,
+    TIME_TOLERANCE,
     Recommendation,
     is_growth,
     label,
@@ -174,6 +175,14 @@ def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> S
         if rec.verdict != GENERALISES:
             blocks.append(Paragraph.of(Span(f"{Regime.parse(key).describe()}: ", "strong"), rec.statement,
                                        style="note"))
+        tied = [s for s in rec.as_fast if s != rec.spec]
+        if tied:
+            blocks.append(Paragraph.of(
+                Span(f"{Regime.parse(key).describe()}: ", "strong"), "a tie. ", Span(rec.spec, "code"), " and ",
+                *[part for s in tied for part in (Span(s, "code"), " ")],
+                f"all qualify and are as fast within {100 * TIME_TOLERANCE:g}%: they are interchangeable, and a "
+                "rerun on another machine may name any of them (the choice among them is the one closest to the "
+                "best held-out gain)."))
     if missing:
         shipped = default_specs()
         borrowed = "; ".join(f"{r.describe()}: {shipped[r].spec}" for r in missing)

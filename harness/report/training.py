@@ -7,6 +7,7 @@ writes the figures and ``training_summary.csv``).
 
 from __future__ import annotations
 
+import itertools
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -68,13 +69,19 @@ def training_facts(runs: pd.DataFrame, superseded: int = 0) -> dict:
     return facts
 
 
-def infer_train_preset(runs: pd.DataFrame) -> str | None:
-    """The ``growbench train`` preset whose configurations are exactly the database's, if any."""
+def infer_train_preset(runs: pd.DataFrame) -> list[str] | None:
+    """The ``growbench train`` presets (one, or two run into the same database) whose configurations are exactly
+    the database's, if any."""
     try:
         have = {tuple(r) for r in runs[config_fields()].astype(str).itertuples(index=False)}
-        for name, configs in train_presets().items():
-            if have == {tuple(str(v) for v in c.as_dict().values()) for c in configs}:
-                return name
+        sets = {name: {tuple(str(v) for v in c.as_dict().values()) for c in configs}
+                for name, configs in train_presets().items()}
+        for name, configs in sets.items():
+            if have == configs:
+                return [name]
+        for (a, first), (b, second) in itertools.combinations(sets.items(), 2):
+            if have == first | second:
+                return [a, b]
     except Exception:  # noqa: BLE001 - only a convenience for the report's first lines
         return None
     return None
@@ -106,7 +113,7 @@ def build_training(runs: pd.DataFrame, curves: pd.DataFrame, *, figures: bool = 
             print(f"growbench report: figure {make.__name__} failed: {type(e).__name__}: {e}", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
             drawn.append(not_drawn(make.__name__, e))
-    return TrainingSection(runs=runs, table=table, verdicts=verdicts(runs, table), figures=drawn,
+    return TrainingSection(runs=runs, table=table, verdicts=verdicts(runs, table, curves), figures=drawn,
                            failed=failed_training_runs(runs), facts=training_facts(runs, stored - len(runs)))
 
 

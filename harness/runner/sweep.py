@@ -132,8 +132,10 @@ def pretrained_grids(heads: list[tuple[int, int]], devices: list[str], strategy_
             dict(strategies=strategy_list, datasets=similarity, warmup_steps=20, **sizes)]
 
 
-#: What the statistics-tokens study grows with: the ablation's centre, and the earlier default beside it.
-TOKENS_STRATEGIES = [ABLATION_CENTRE, "gram/solve/full+metric/normal:bracket"]
+#: What the statistics-tokens study grows with: the ablation's centre, with λ also on a held-out batch, and the
+#: earlier default beside them (each shipped default is one of these: the study answers for it).
+TOKENS_STRATEGIES = [ABLATION_CENTRE, str(strategies.Spec.parse(ABLATION_CENTRE).replace(holdout=True)),
+                     "gram/solve/full+metric/normal:bracket"]
 
 
 def statistics_tokens_grids(devices: list[str], n_batches: list[int], seeds: list[int],
@@ -183,7 +185,7 @@ def sweep_presets() -> dict[str, list[dict]]:
                            seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300),
             *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
             *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_REFERENCES, [0], repeats=3),
-            *statistics_tokens_grids(["cpu"], [1, 16], RULE_SEEDS, [8], [0, 1]),
+            *statistics_tokens_grids(["cpu"], [1, 16], RULE_SEEDS, [1, 4], [0, 1]),
         ],
         "full": [
             dict(strategies=strategies.specs(), datasets=list(DATASET_NAMES), d_s=[64], d_e=[64], b=[256], d_k=[8],

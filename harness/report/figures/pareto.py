@@ -24,7 +24,7 @@ from harness.report.figures.palette import BLACK, BLUE, GREY, ORANGE, PURPLE, YE
 from harness.report.names import category, short_label
 from harness.report.wording import listing, plural, times
 
-TITLE = "Speed against optimality (Pareto front)"
+TITLE = "Speed against batch optimality (Pareto front; a diagnostic)"
 CATEGORY_COLORS = {"preset": BLUE, "variant": ORANGE, "baseline": GREY, "other": PURPLE}
 CATEGORY_NAMES = {"preset": "preset", "variant": "one-axis variant", "baseline": "baseline", "other": "other"}
 # The presets the recommended strategy is compared with: the paper's formula and its best-known refinement.
@@ -172,8 +172,9 @@ def pareto(frame: pd.DataFrame, recommended: str | None = None, fallback: bool =
     claim = (f" The {who} strategy ({short_label(focus[0], names)}) is " + ", and ".join(clauses) + "."
              if clauses else "")
     caption = (f"Each point is a strategy's median growth time against its median optimality on a dataset's "
-               f"reference configuration ({plural(int(points.seeds.median()), 'seed')} per point); the black line "
-               "is the Pareto front (no other strategy both faster and more optimal)." + claim)
+               f"reference configuration ({plural(int(points.seeds.median()), 'seed')} per point), a measure of the "
+               "step on the batches it was fitted to (the held-out gain decides: see the next figure); the black "
+               "line is the Pareto front (no other strategy both faster and more optimal)." + claim)
     compared = [strategies.presets()[o] for o in COMPARED]
     table = _numbers(points, fronts, list(dict.fromkeys([*focus, *compared])), names)
     return FigureResult("pareto", TITLE, caption, fig, data=points, table=table,
