@@ -268,7 +268,7 @@ def _trained(cfg: RunConfig, cache_dir: str | None) -> tuple[Dataset, GrowthMode
         return ds, trained_model(ds, cfg.d_k, warmup_steps=cfg.warmup_steps, scale_policy=cfg.scale_policy,
                                  cache_dir=cache_dir, dtype=getattr(torch, cfg.dtype), device=cfg.device)
 
-    return _per_configuration(_TRAINED, (cfg, cache_dir), make)
+    return _per_configuration(_TRAINED, cfg, make, cache_dir)
 
 
 def _timed_growths(strategy: strategies.Strategy, site: GrowthSite,
@@ -352,14 +352,12 @@ _HELDOUT: dict[tuple, HeldOut] = {}
 _TRAINED: dict[tuple, tuple] = {}
 
 
-def _per_configuration(memo: dict, cfg: RunConfig, make: Callable):
+def _per_configuration(memo: dict, cfg: RunConfig, make: Callable, *also: object):
     """``make()``, kept in ``memo`` for the runs of ``cfg``'s configuration and seed that follow: every strategy of
     a sweep's configuration starts from the same trained model, the strategy being the one field that does not
-    change it. One configuration at a time, as a sweep orders its runs."""
-    extra = ()
-    if isinstance(cfg, tuple):  # (configuration, what else the result depends on)
-        cfg, *extra = cfg
-    key = (*((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "strategy"), *extra)
+    change it (``also``: anything else the result depends on). One configuration at a time, as a sweep orders its
+    runs."""
+    key = (*((f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "strategy"), *also)
     if key not in memo:
         memo.clear()
         memo[key] = make()

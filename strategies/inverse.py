@@ -219,7 +219,7 @@ class Solve:
 class _RidgeFactor(GramFactor):
     """``(A + δI)^{-1}`` from ``A = V diag(w) Vᵀ``; with ``δ = 0``, the pseudo-inverse above a cutoff."""
 
-    def __init__(self, w: Tensor, V: Tensor, inv_w: Tensor, alpha: float, host_syncs: int) -> None:
+    def __init__(self, V: Tensor, inv_w: Tensor, alpha: float, host_syncs: int) -> None:
         self.V, self.inv_w = V, inv_w
         self.alpha = alpha
         self.host_syncs = host_syncs
@@ -281,7 +281,7 @@ class Ridge:
                 alpha = RIDGE_FALLBACK_ALPHA
                 what = "batched Gram matrices" if A.dim() > 2 else "this Gram matrix"
                 log.append(f"ridge: no split-half statistics for {what}; alpha = {alpha:g}")
-        factor = _RidgeFactor(w, V, _ridge_inverse(w, alpha * mean_w, tol), float(alpha), syncs)
+        factor = _RidgeFactor(V, _ridge_inverse(w, alpha * mean_w, tol), float(alpha), syncs)
         factor.cosine = cosine
         return factor
 
