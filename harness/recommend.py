@@ -524,10 +524,14 @@ class _Runs:
         """The mean held-out gain over seeds and its interval."""
         return Paired.of(self.seeds(strategy, dataset).to_numpy(), self.confidence)
 
+    def differences(self, strategy: str, best: str, dataset: str, column: str = DECIDING) -> pd.Series:
+        """``strategy − best`` on ``column`` per seed of ``dataset`` that both ran."""
+        ab = pd.DataFrame({"a": self.seeds(strategy, dataset, column), "b": self.seeds(best, dataset, column)}).dropna()
+        return ab.a - ab.b
+
     def paired(self, strategy: str, best: str, dataset: str, column: str = DECIDING) -> Paired:
         """``strategy − best`` on ``column``, paired by seed on ``dataset``."""
-        ab = pd.DataFrame({"a": self.seeds(strategy, dataset, column), "b": self.seeds(best, dataset, column)}).dropna()
-        return Paired.of((ab.a - ab.b).to_numpy(), self.confidence)
+        return Paired.of(self.differences(strategy, best, dataset, column).to_numpy(), self.confidence)
 
     def seed_verdicts(self, strategy: str, dataset: str) -> tuple[int, int]:
         """Seeds on which ``strategy`` lowered, and raised, the held-out loss beyond that run's own noise (its gain
@@ -549,10 +553,10 @@ class _Runs:
             for s in sorted(eligible):
                 if s == who or ds not in self.datasets_of(s):
                     continue
-                ab = pd.DataFrame({"a": self.seeds(s, ds), "b": self.seeds(who, ds)}).dropna()
-                if len(ab) > 1:
-                    sds.append(float((ab.a - ab.b).std(ddof=1)))
-                    n = len(ab)
+                diffs = self.differences(s, who, ds)
+                if len(diffs) > 1:
+                    sds.append(float(diffs.std(ddof=1)))
+                    n = len(diffs)
             if sds and b != 0:
                 t = stats.t.ppf(0.5 + self.confidence / 2, n - 1) + stats.t.ppf(power, n - 1)
                 out[ds] = t * float(np.median(sds)) / math.sqrt(n) / abs(b)
