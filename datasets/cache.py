@@ -23,16 +23,27 @@ warm-up (``index = warmup_steps``, eval mode). On load, in this order:
 Anything wrong (unreadable, stale, incompatible, or failing a check) means: warn with a
 :class:`CacheWarning` naming the file and the reason, retrain, and overwrite; never
 fail. A warm-up whose weights or check loss are not finite is not cached.
+
+The record's mechanics are shared with the reference projection's cache
+(:mod:`harness.reference`): :func:`read_record` unpickles weights only (no code runs) and
+checks the key and the checksum, and :func:`save_record` writes a temporary file in the
+same folder, with the user's own permissions (``mkstemp``: readable and writable by the
+owner only), and renames it over the target, never through a symlink. A write that fails
+(a full disk: ``torch.save`` raises ``RuntimeError``, not ``OSError``) leaves no temporary
+file and costs time, not correctness. The checksum proves that a file is whole, not who
+wrote it: the cache directory is trusted, like pip's cache, and should be the user's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +67,10 @@ LOSS_RTOL = 1e-4
 
 
 class CacheWarning(UserWarning):
-    """A warm-up cache file failed a check; it is rebuilt (retrained and overwritten)."""
+    """A cache file failed a check and is rebuilt (retrained or recomputed, and overwritten), or was not written."""
 
 
-class _Damaged(Exception):
+class CacheDamaged(Exception):
     """A cache file that exists but must not be used; the message is the reason."""
 
 
@@ -114,17 +125,17 @@ def warm_up(model: GrowthModel, ds: Dataset, *, steps: int, batch_size: int, lr:
     opt.zero_grad(set_to_none=True)
 
 
-def checksum(key_json: str, loss: float, state: dict[str, torch.Tensor]) -> str:
-    """sha256 of a cache record: the key, the check loss and every tensor in sorted key order.
+def digest(key_json: str, note: str, tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 of a cache record: its key, a note of its other values, and every tensor in sorted name order.
 
     Parameters
     ----------
     key_json : str
-        The record's :func:`cache_key`.
-    loss : float
-        The stored check loss (hashed exactly, as ``float.hex``).
-    state : dict[str, Tensor]
-        The ``state_dict``; each entry contributes its name, dtype, shape and raw bytes.
+        The record's key (canonical JSON).
+    note : str
+        The record's other values as exact text (a float as ``float.hex``).
+    tensors : dict[str, Tensor]
+        Each entry contributes its name, dtype, shape and raw bytes.
 
     Returns
     -------
@@ -133,13 +144,103 @@ def checksum(key_json: str, loss: float, state: dict[str, torch.Tensor]) -> str:
     """
     h = hashlib.sha256()
     h.update(key_json.encode())
-    h.update(float(loss).hex().encode())
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
+    h.update(note.encode())
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
         h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
         # Raw bytes through a uint8 view: works for every dtype (numpy has no bfloat16).
         h.update(t.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def checksum(key_json: str, loss: float, state: dict[str, torch.Tensor]) -> str:
+    """sha256 of a warm-up record: the key, the check loss (exactly, as ``float.hex``) and the ``state_dict``."""
+    return digest(key_json, float(loss).hex(), state)
+
+
+def read_record(path: Path, key_json: str, device: torch.device | str, tensors: str,
+                note: Callable[[dict], str]) -> dict:
+    """The record a cache file holds, checked: unpickled weights only, this key, a matching checksum.
+
+    Parameters
+    ----------
+    path : Path
+        An existing cache file.
+    key_json : str
+        The key the record must carry (its file name is derived from it).
+    device : torch.device or str
+        Where its tensors are loaded.
+    tensors : str
+        The record's field holding a dict of tensors.
+    note : callable
+        ``note(record)``: the record's other values as :func:`digest` hashed them; raises
+        :class:`CacheDamaged` when they are missing or of the wrong type.
+
+    Returns
+    -------
+    dict
+        The record.
+
+    Raises
+    ------
+    CacheDamaged
+        Unreadable, not a record of this kind, another key, no checksum, or a checksum mismatch.
+    """
+    try:
+        blob = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is rebuilt, whatever the cause
+        raise CacheDamaged(f"unreadable ({type(e).__name__})") from None
+    if not isinstance(blob, dict) or not isinstance(blob.get(tensors), dict) \
+            or not all(isinstance(v, torch.Tensor) for v in blob[tensors].values()):
+        raise CacheDamaged("not a cache record of this kind")
+    if blob.get("key_json") != key_json:
+        raise CacheDamaged("its key is not the one of its file name")
+    stored = blob.get("checksum")
+    if not isinstance(stored, str):
+        raise CacheDamaged("no checksum")
+    if digest(key_json, note(blob), blob[tensors]) != stored:
+        raise CacheDamaged("checksum mismatch (the file was modified or damaged)")
+    return blob
+
+
+def save_record(path: Path, record: dict, what: str) -> bool:
+    """Write ``record`` to ``path`` atomically: a temporary file in the same folder, synced, renamed over ``path``.
+
+    Parameters
+    ----------
+    path : Path
+        The cache file; its folder is created if missing. A symlink there is replaced, not followed.
+    record : dict
+        Tensors, strings and numbers only (read back with ``weights_only``).
+    what : str
+        The kind of cache, for the warning.
+
+    Returns
+    -------
+    bool
+        Whether it was written. A failure is a :class:`CacheWarning`, never an error, and leaves no
+        temporary file: ``OSError`` from the file system, or ``RuntimeError``, which ``torch.save``
+        raises when the disk fills up.
+    """
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            torch.save(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        return True
+    except (OSError, RuntimeError) as e:
+        # A cache costs time, not correctness: the run goes on without it.
+        warnings.warn(f"could not write {what} {path}: {e}", CacheWarning, stacklevel=3)
+        return False
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def check_loss(model: GrowthModel, ds: Dataset, *, warmup_steps: int, batch_size: int) -> float:
@@ -164,24 +265,24 @@ def check_loss(model: GrowthModel, ds: Dataset, *, warmup_steps: int, batch_size
 
 
 def _check_weights(state: dict[str, torch.Tensor], init: dict[str, torch.Tensor], *, reach: float) -> None:
-    """``_Damaged`` unless the cached ``state`` matches ``init``'s entries and is finite and within ``reach``."""
+    """``CacheDamaged`` unless the cached ``state`` matches ``init``'s entries and is finite and within ``reach``."""
     if set(state) != set(init):
-        raise _Damaged(f"its tensors ({len(state)}) are not the model's ({len(init)})")
+        raise CacheDamaged(f"its tensors ({len(state)}) are not the model's ({len(init)})")
     for name in sorted(state):
         t, t0 = state[name], init[name]
         if not isinstance(t, torch.Tensor) or t.shape != t0.shape or t.dtype != t0.dtype:
-            raise _Damaged(f"tensor {name} has the wrong type, shape or dtype")
+            raise CacheDamaged(f"tensor {name} has the wrong type, shape or dtype")
         if not t.is_floating_point():
             continue
         bad = int((~torch.isfinite(t)).sum())
         if bad:
-            raise _Damaged(f"tensor {name} has {bad} non-finite entries")
+            raise CacheDamaged(f"tensor {name} has {bad} non-finite entries")
         t0 = t0.to(t.device)
         dist = (t.double() - t0.double()).abs()
         allowed = reach + REACH_ATOL + REACH_RTOL * t0.double().abs()
         if (dist > allowed).any():
             i = int((dist - allowed).argmax())
-            raise _Damaged(f"tensor {name} is implausible: entry {i} is {t.reshape(-1)[i].item():.4g}, "
+            raise CacheDamaged(f"tensor {name} is implausible: entry {i} is {t.reshape(-1)[i].item():.4g}, "
                            f"{dist.reshape(-1)[i].item():.4g} from its initial value, beyond the "
                            f"{reach:.4g} that the warm-up's Adam steps can reach")
 
@@ -200,43 +301,36 @@ def _load(path: Path, key_json: str, model: GrowthModel, device: torch.device | 
     if not path.is_file():
         return False
     try:
-        try:
-            blob = torch.load(path, map_location=device, weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any unreadable file is rebuilt, whatever the cause
-            raise _Damaged(f"unreadable ({type(e).__name__})") from None
-        if not isinstance(blob, dict) or not isinstance(blob.get("state_dict"), dict):
-            raise _Damaged("not a warm-up cache record")
-        if blob.get("key_json") != key_json:
-            raise _Damaged("its key is not the one of its file name")
-        stored, loss = blob.get("checksum"), blob.get("loss")
-        if not isinstance(stored, str) or not isinstance(loss, float):
-            raise _Damaged("no checksum or check loss")
-        state = blob["state_dict"]
-        if not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise _Damaged("not a warm-up cache record")
-        if checksum(key_json, loss, state) != stored:
-            raise _Damaged("checksum mismatch (the file was modified or damaged)")
+        blob = read_record(path, key_json, device, "state_dict", _loss_note)
+        state, loss = blob["state_dict"], blob["loss"]
         if not math.isfinite(loss):
-            raise _Damaged(f"stored check loss {loss} is not finite")
+            raise CacheDamaged(f"stored check loss {loss} is not finite")
         # model is still the fresh initialisation: the reference of Adam's reach.
         _check_weights(state, model.state_dict(), reach=ADAM_REACH * lr * warmup_steps)
         try:
             model.load_state_dict(state, strict=True)
             again = check_loss(model, ds, warmup_steps=warmup_steps, batch_size=batch_size)
         except Exception as e:  # noqa: BLE001 - whatever the cause, the file cannot stand for a warm-up
-            raise _Damaged(f"unusable ({type(e).__name__})") from None
+            raise CacheDamaged(f"unusable ({type(e).__name__})") from None
         rtol = max(LOSS_RTOL, 16 * torch.finfo(model.dtype).eps)
         if not abs(again - loss) <= rtol * max(1.0, abs(loss)):
-            raise _Damaged(f"implausible weights: check loss {again:.6g}, stored {loss:.6g}")
+            raise CacheDamaged(f"implausible weights: check loss {again:.6g}, stored {loss:.6g}")
         return True
-    except _Damaged as e:
+    except CacheDamaged as e:
         warnings.warn(f"warm-up cache {path}: {e}; retraining and overwriting it", CacheWarning, stacklevel=3)
         return False
 
 
+def _loss_note(blob: dict) -> str:
+    """A warm-up record's check loss as :func:`checksum` hashes it."""
+    if not isinstance(blob.get("loss"), float):
+        raise CacheDamaged("no checksum or check loss")
+    return blob["loss"].hex()
+
+
 def _save(path: Path, key_json: str, model: GrowthModel, loss: float) -> None:
-    """Write the weights, their check ``loss`` and checksum atomically: a temp file in the same
-    directory, then ``os.replace``. Non-finite weights or loss are not written (a warning says so)."""
+    """Write the weights, their check ``loss`` and checksum (:func:`save_record`). Non-finite weights or loss
+    are not written (a warning says so)."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if not math.isfinite(loss) or not all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()):
         # A cache of a diverged warm-up would fail its own check on every load.
@@ -244,25 +338,7 @@ def _save(path: Path, key_json: str, model: GrowthModel, loss: float) -> None:
         return
     record = {"key_json": key_json, "state_dict": state, "loss": float(loss),
               "checksum": checksum(key_json, loss, state)}
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        # An unwritable cache costs time, not correctness.
-        warnings.warn(f"could not write warm-up cache {path}: {e}", stacklevel=3)
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    save_record(path, record, "warm-up cache")
 
 
 def trained_model(ds: Dataset, d_k: int, *, warmup_steps: int = 200, batch_size: int = 64, lr: float = 3e-3,

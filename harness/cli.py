@@ -20,7 +20,7 @@ from harness.measure import HELDOUT_BATCHES
 from harness.plugins import load_plugins
 from harness.recommend import TOLERANCE as RULE_TOLERANCE
 from harness.runner.sweep import DEFAULT_CACHE, DEFAULT_DB
-from harness.validate import ConfigError
+from harness.validate import MAX_WORKERS, SQLITE_INT_MAX, ConfigError
 
 # The option that sets each configuration field a ConfigError can name, per command (the rest are
 # "--" + field with dashes). Training sizes come from the preset only.
@@ -33,8 +33,8 @@ _OPTIONS = {
     "example": {"d_k+p": "--d-k/--p", "memory": "--b/--d-s/--d-e"},
 }
 # What to do after an interrupt, per command: finished runs are stored either way.
-_RESUME_HINT = {"run": "rerun with --resume to skip them",
-                "train": "rerun the same command to skip them: train resumes unless given --no-resume"}
+_RESUME_HINT = dict.fromkeys(("run", "train"),
+                             "rerun the same command to skip them: it resumes unless given --no-resume")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,8 +60,8 @@ def _csv(kind):
     return parse
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type for integers ``>= minimum``."""
+def _int_at_least(minimum: int, maximum: int = SQLITE_INT_MAX) -> Callable[[str], int]:
+    """An argparse type for integers from ``minimum`` to ``maximum`` (by default the largest SQLite stores)."""
 
     def parse(text: str) -> int:
         try:
@@ -70,6 +70,8 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be an integer from {minimum} to {maximum}, got {value}")
         return value
 
     return parse
@@ -170,6 +172,7 @@ def _grids(args: argparse.Namespace) -> list[dict]:
 def _cmd_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from harness.runner.pool import check_run_timeout
     from harness.runner.sweep import expand, preset_summary, run_sweep, summary
     from harness.store.results import ResultsDB
     from harness.validate import check_runs
@@ -178,12 +181,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # Every run is checked before the database is touched. Devices named on the command line must be
     # present; a preset's cuda runs are skipped on a machine without a GPU, as documented.
     check_runs(configs, jobs=args.jobs, max_memory=args.max_memory, strict_devices=args.devices is not None)
+    check_run_timeout(args.run_timeout, args.backend)
     ResultsDB(args.db).close()  # check, create and mark the file before a word is printed or a run measured
     print(f"{len(configs)} runs -> {args.db}", file=sys.stderr)
+    _mixing_note(configs, args.db)
+    _warmup_note(configs)
     frame = run_sweep(configs, args.db, jobs=args.jobs, backend=args.backend, scheduler=args.scheduler,
-                      resume=args.resume, retry_failed=args.retry_failed,
+                      resume=not args.no_resume, retry_failed=args.retry_failed,
                       cache_dir=None if args.no_cache else args.cache_dir, progress=not args.no_progress,
-                      threads=args.threads, max_memory=args.max_memory)
+                      threads=args.threads, max_memory=args.max_memory, run_timeout=args.run_timeout)
     table = summary(frame)
     if len(table) > 40:
         print(f"{len(table)} strategy × dataset lines; the presets follow (growbench export for everything)")
@@ -201,22 +207,51 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mixing_note(configs: list, db_path: str) -> None:
+    """Warn, in one line, when the database holds runs of other configurations: the report would count them."""
+    from harness.runner.sweep import presets_holding, runs_outside
+    from harness.store.results import ResultsDB
+
+    with ResultsDB(db_path) as db:
+        other = runs_outside(db.frame(), configs)
+    if len(other):
+        names = presets_holding(other)
+        which = f" (preset {', '.join(names)})" if names else ""
+        print(f"growbench run: warning: {db_path} already holds {len(other)} runs of other configurations{which}; "
+              "the report will count them with these: give this sweep its own --db FILE to keep them apart",
+              file=sys.stderr)
+
+
+def _warmup_note(configs: list) -> None:
+    """Say on stderr, in one line, what long warm-ups will cost before the sweep starts them."""
+    from harness.validate import WARMUP_NOTE_STEPS, warmup_seconds
+
+    steps = max((c.warmup_steps for c in configs), default=0)
+    if steps > WARMUP_NOTE_STEPS:
+        seconds = warmup_seconds(configs)
+        cost = (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else
+                f"{seconds / 3600:.1f} h")
+        print(f"growbench run: note: --warmup-steps {steps}: about {cost} of warm-up training on one thread before "
+              f"the growths (estimated; models already in the cache are not retrained)", file=sys.stderr)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
-    from harness.store.dbfile import check_output_file
+    """Write every run of ``--db`` to ``--out`` as CSV or parquet, atomically (:func:`harness.files.write_frame`).
+
+    ``--out`` is refused before the database is read when it is the database itself (or one of its
+    journal files), a FIFO, a device or a folder. CSV cells that a spreadsheet would run as formulas are
+    written as text; parquet gets columns of mixed types (text in a numeric column) as text.
+    """
+    from harness.files import check_output_file, write_frame
     from harness.store.results import read_runs
 
     if not Path(args.db).exists():
         raise ValueError(f"no results database at {args.db}: run 'growbench run' first")
     out = args.out or str(Path(args.db).with_suffix("." + args.format))
-    check_output_file(out)  # before reading: a bad --out is the user's to fix first
+    inputs = [("--db", args.db), *(("--db's journal", f"{args.db}{s}") for s in ("-wal", "-shm", "-journal"))]
+    check_output_file(out, "--out", inputs)  # before reading: a bad --out is the user's to fix first
     frame = read_runs(args.db)  # read only: exporting never changes the database
-    try:
-        if args.format == "csv":
-            frame.to_csv(out, index=False)
-        else:
-            frame.to_parquet(out, index=False)
-    except OSError as e:
-        raise ValueError(f"{out}: cannot write the export: {e.strerror or e}") from e
+    write_frame(frame, out, args.format)
     print(f"{len(frame)} runs -> {out}")
     return 0
 
@@ -226,8 +261,11 @@ def _cmd_example(args: argparse.Namespace) -> int:
 
     from harness.env import torch_threads
     from harness.example import run_example
+    from harness.files import check_output_file, replace_file
     from harness.validate import check_example
 
+    if args.json:
+        check_output_file(args.json, "--json")
     names = args.presets.split(",") if args.presets else None
     for n in names or []:
         try:
@@ -247,7 +285,7 @@ def _cmd_example(args: argparse.Namespace) -> int:
     for _, row in df[df.fallback != ""].iterrows():
         print(f"fallback in {row.preset}: {row.fallback}")
     if args.json:
-        df.to_json(args.json, orient="records", indent=2)
+        replace_file(Path(args.json), df.to_json(orient="records", indent=2))
     return 0
 
 
@@ -344,7 +382,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(f"{len(configs)} training runs -> {args.db}", file=sys.stderr)
     runs = run_train_sweep(configs, args.db, jobs=args.jobs, resume=not args.no_resume,
                            retry_failed=args.retry_failed, progress=not args.no_progress, threads=args.threads,
-                           max_memory=args.max_memory)
+                           max_memory=args.max_memory, run_timeout=args.run_timeout)
     table = train_summary(runs)
     if not table.empty:
         print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
@@ -355,10 +393,13 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     import torch
 
     from harness.env import device_name, torch_threads
+    from harness.files import check_output_file, replace_file
     from harness.targets import run_targets
     from harness.validate import check_device
 
     check_device(args.device)
+    if args.out:
+        check_output_file(args.out)
     with torch_threads(args.threads):
         # Every figure below depends on the thread count: say it first, and in the written table.
         where = (f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.device} "
@@ -367,7 +408,7 @@ def _cmd_targets(args: argparse.Namespace) -> int:
         table = run_targets(repeats=args.repeats, device=args.device, cache_dir=args.cache_dir,
                             scale=not args.skip_scale)
     if args.out:
-        Path(args.out).write_text(f"{where}\n\n{table}\n")
+        replace_file(Path(args.out), f"{where}\n\n{table}\n")
     return 0
 
 
@@ -408,14 +449,24 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"trained-model cache (default {DEFAULT_CACHE})")
     parser.add_argument("--no-cache", action="store_true", help="retrain every model, cache nothing")
-    parser.add_argument("--resume", action="store_true", help="skip runs already in the database")
-    parser.add_argument("--retry-failed", action="store_true", help="with --resume, run stored failures again")
-    parser.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel workers (joblib backend)")
+    _resume_options(parser)
+    parser.add_argument("--jobs", type=_int_at_least(1, MAX_WORKERS), default=1,
+                        help="parallel workers (joblib backend)")
+    _run_timeout(parser)
     _threads_and_memory(parser)
     parser.add_argument("--backend", default="joblib", choices=["joblib", "dask"])
     parser.add_argument("--scheduler", help="Dask scheduler address (dask backend; default: a local cluster)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_cmd_run)
+
+
+def _resume_options(parser: argparse.ArgumentParser) -> None:
+    """``--resume`` (the default), ``--no-resume`` and ``--retry-failed``: alike for ``run`` and ``train``."""
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="skip runs already in the database, failures included (the default)")
+    resume.add_argument("--no-resume", action="store_true", help="rerun runs already in the database")
+    parser.add_argument("--retry-failed", action="store_true", help="run stored failures again")
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -436,11 +487,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seeds", type=_csv(int), help="comma-separated seeds")
     parser.add_argument("--device", help="cpu or cuda (default: the preset's, cpu)")
     parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    resume = parser.add_mutually_exclusive_group()
-    resume.add_argument("--resume", action="store_true", help="skip runs already in the database (the default)")
-    resume.add_argument("--no-resume", action="store_true", help="rerun runs already in the database")
-    parser.add_argument("--retry-failed", action="store_true", help="run stored failures again")
-    parser.add_argument("--jobs", type=_int_at_least(1), default=1, help="parallel workers (joblib)")
+    _resume_options(parser)
+    parser.add_argument("--jobs", type=_int_at_least(1, MAX_WORKERS), default=1, help="parallel workers (joblib)")
+    _run_timeout(parser)
     _threads_and_memory(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_cmd_train)
@@ -451,7 +500,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("export", help="export the results database")
     parser.add_argument("--format", choices=["csv", "parquet"], default="csv")
     parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    parser.add_argument("--out", help="output file (default: the database's name with the format's suffix)")
+    parser.add_argument("--out", help="output file, replaced whole (default: the database's name with the format's "
+                                      "suffix); never the database itself, a FIFO or a device")
     parser.set_defaults(func=_cmd_export)
 
 
@@ -520,9 +570,16 @@ def _add_recommend(sub: argparse._SubParsersAction) -> None:
     return parser
 
 
+def _run_timeout(parser: argparse.ArgumentParser) -> None:
+    """Add ``--run-timeout`` to a command that runs a sweep."""
+    parser.add_argument("--run-timeout", type=_float_at_least(0, strict=True), metavar="SECONDS",
+                        help="stop a run that takes longer and record it as failed (default: no limit); runs then "
+                             "go to worker processes even with --jobs 1, which costs a few seconds to start")
+
+
 def _threads_and_memory(parser: argparse.ArgumentParser, memory: bool = True) -> None:
     """Add ``--threads`` (and ``--max-memory``) to a command that does the work."""
-    parser.add_argument("--threads", type=_int_at_least(1), default=DEFAULT_THREADS,
+    parser.add_argument("--threads", type=_int_at_least(1, MAX_WORKERS), default=DEFAULT_THREADS,
                         help=f"torch threads per process doing the work, each worker's with --jobs > 1 (default "
                              f"{DEFAULT_THREADS}: at these sizes more threads gain little, and on a busy machine "
                              "they are several times slower)")

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import median
 
 import numpy as np
@@ -26,6 +23,7 @@ from datasets import Dataset, GrowthModel, make_dataset, trained_model
 from harness.capture import BatchCapture, capture, statistics_over
 from harness.env import KeyedConfig, recorded, require_device
 from harness.memory import peak_memory
+from harness.reference import load_reference, reference_key, reference_path, save_reference
 from harness.validate import check_run_config
 from strategies import metrics
 from strategies.timing import timed
@@ -136,34 +134,19 @@ def reference_projection(G, X, mask, cache_dir: str | None) -> tuple[torch.Tenso
 
     Every strategy of a configuration sees the same captures, and the solve can take
     half a minute on real inputs (thousands of CG iterations), so it is memoised in the
-    process and, when ``cache_dir`` is set, on disk, keyed by the sha256 of the data.
+    process and, when ``cache_dir`` is set, on disk (:mod:`harness.reference`: keyed by the
+    data and the definition, checksummed and checked on load, written atomically; the
+    cache directory is trusted, like pip's cache).
     """
-    h = hashlib.sha256()
-    for t in (G, X, mask):
-        if t is not None:
-            h.update(str((t.dtype, tuple(t.shape))).encode())
-            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    key = h.hexdigest()[:32]
+    key = reference_key(G, X, mask)
     if key in _REFERENCES:
         return _REFERENCES[key]
-    path = Path(cache_dir) / f"reference-{key}.pt" if cache_dir is not None else None
-    ref = None
-    if path is not None and path.is_file():
-        try:
-            blob = torch.load(path, map_location=X.device, weights_only=True)
-            ref = (blob["PiG"], strategies.cg.CGInfo(**blob["info"]))
-        except Exception:  # noqa: BLE001 - an unreadable cache entry is recomputed
-            ref = None
+    path = reference_path(cache_dir, key) if cache_dir is not None else None
+    ref = load_reference(path, key, G, mask) if path is not None else None
     if ref is None:
         ref = metrics.projection(G, X, mask)
         if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                torch.save({"PiG": ref[0].cpu(), "info": dataclasses.asdict(ref[1])}, tmp)
-                os.replace(tmp, path)
-            except OSError:
-                pass  # an unwritable cache costs time, not correctness
+            save_reference(path, key, ref)
     _REFERENCES.clear()  # one data set at a time: a sweep runs a configuration's strategies together
     _REFERENCES[key] = ref
     return ref
@@ -399,7 +382,8 @@ def _quality(site: GrowthSite, dZ: torch.Tensor, b: int, cache_dir: str | None) 
     X = torch.cat([c.X for c in site.batches])
     G = torch.cat([c.G[0] for c in site.batches])
     mask = _stack_mask(site.last[2], len(site.batches), b)
-    return metrics.quality(G, X, dZ, mask, reference_projection(G, X, mask, cache_dir))
+    Z = site.scale * site.W_Q @ site.W_K.mT
+    return metrics.quality(G, X, dZ, mask, reference_projection(G, X, mask, cache_dir), Z=Z)
 
 
 def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:

@@ -66,13 +66,18 @@ def import_modules(names: list[str] | tuple[str, ...]) -> list[str]:
     Raises
     ------
     PluginError
-        One line naming the module that cannot be imported.
+        One line naming the module that cannot be imported: whatever it raised, ``SystemExit``
+        (``sys.exit(0)`` at import) included, which would otherwise end the command with status 0
+        having done nothing. Only ``KeyboardInterrupt`` passes through.
     """
     names = list(dict.fromkeys(names))
     for name in names:
         try:
             importlib.import_module(name)
-        except Exception as e:  # a plugin's own error must not become a traceback of ours
+        except KeyboardInterrupt:
+            raise  # the user's Ctrl-C, not the plugin's doing
+        except BaseException as e:  # noqa: BLE001 - SystemExit too: a plugin must not end growbench, least of all as success
+            what = f"{type(e).__name__}({e.code!r})" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
             raise PluginError(f"plugin module {name!r} (from the entry point group {ENTRY_POINT_GROUP!r}, "
-                              f"{ENV_VAR} or the parent process) cannot be imported: {type(e).__name__}: {e}") from None
+                              f"{ENV_VAR} or the parent process) cannot be imported: {what}") from None
     return names

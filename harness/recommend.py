@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +58,7 @@ import pandas as pd
 from scipy import stats
 
 import strategies
+from harness.files import replace_file
 from harness.store.results import read_runs
 from harness.store.schema import RUNS
 from strategies.regimes import Regime, all_regimes
@@ -126,7 +126,7 @@ def load_frame(db_path: str | Path) -> pd.DataFrame:
     path = Path(db_path)
     if not path.exists():
         raise NoResults(f"no successful runs in {path}: the file does not exist (run 'growbench run' first)")
-    frame = read_runs(path)
+    frame = read_runs(path, numbers=True)  # it computes with them: text in a numeric column is refused
     if frame.empty:
         raise NoResults(f"no successful runs in {path}: the database has no runs")
     frame = RUNS.complete(frame)
@@ -979,14 +979,3 @@ def _shipped_regimes(path: Path) -> dict[str, dict]:
             continue
         out[key] = entry
     return out
-
-
-def replace_file(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file in ``path``'s folder and rename it over ``path``: a kill leaves the old
-    file whole, and a symlink at ``path`` is replaced, never written through."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

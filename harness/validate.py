@@ -21,7 +21,11 @@ for a whole sweep):
 - the device: ``cpu``, ``cuda`` or ``cuda:N``, and present (see ``strict_devices``);
 - the memory a run needs, estimated from its sizes (:func:`estimate_bytes`), against a
   limit (:func:`memory_limit`), the estimate shown when it is refused;
-- ``jobs >= 1``, ``threads >= 1``.
+- ``jobs >= 1``, ``threads >= 1``, each at most :data:`MAX_WORKERS`;
+- every integer fits SQLite's (:data:`SQLITE_INT_MAX`), since every one is stored with
+  its run, and each option that multiplies a run's cost (warm-up steps, repeats, batches)
+  is at most its :data:`COST_LIMITS` entry; :func:`warmup_seconds` estimates the warm-ups
+  a sweep asks for, which the command line shows above :data:`WARMUP_NOTE_STEPS`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,27 @@ WARMUP_BATCH = 64
 #: Share of the device's memory a run (times ``jobs`` on CPU) may be estimated to need.
 MEMORY_SHARE = {"cpu": 0.8, "cuda": 0.9}
 GIB = 1024**3
+#: SQLite's largest integer. Every integer of a configuration is stored with its run; a larger one
+#: cannot be, and the run would be measured only for its row to fail.
+SQLITE_INT_MAX = 2**63 - 1
+#: Largest seed of a training run: it derives its baselines' seeds as ``seed · 100 003 + step``
+#: (:mod:`harness.train`), which torch's generator takes only as a signed 64-bit integer.
+MAX_TRAIN_SEED = 2**32 - 1
+#: Most parallel workers, and most torch threads per process: more than any machine has cores, so a
+#: typo, and torch would try to start that many threads.
+MAX_WORKERS = 1024
+#: Largest value of each option that multiplies a run's cost. A warm-up of 100 000 steps is about
+#: 2 minutes at the smallest sizes and hours at d_e = 256 (:func:`warmup_seconds`), and stays below the
+#: index where the statistics batches start (``harness.measure.STATS_INDEX_OFFSET``); the others are
+#: far beyond any preset (repeats 5, batches 4, held-out batches 64).
+COST_LIMITS = {"warmup_steps": 100_000, "repeats": 1_000, "n_batches": 10_000, "heldout_batches": 10_000}
+#: Warm-up steps above which the command line shows :func:`warmup_seconds`' estimate before starting.
+WARMUP_NOTE_STEPS = 10_000
+#: Cost model of one warm-up step (Adam on a batch of :data:`WARMUP_BATCH`): a fixed overhead plus
+#: ``WARMUP_BATCH · d_s · d_e · (d_s + d_e)`` multiply-adds at this rate. Fitted on one thread of the
+#: development machine (teacher: 1.2 ms a step at d_s = d_e = 8, 11 ms at d_s = 32, d_e = 64, 0.41 s at
+#: d_s = 128, d_e = 256); text's model takes about twice as long. More threads or a GPU are faster.
+WARMUP_STEP_OVERHEAD_S, WARMUP_RATE = 1e-3, 1.5e9
 
 
 class ConfigError(ValueError):
@@ -67,8 +92,11 @@ class ConfigError(ValueError):
 
 
 # ------------------------------------------------------------------ scalars
-def check_int(field: str, value: Any, minimum: int) -> int:
-    """``value`` as an int ``>= minimum`` (bools and floats refused); raise :class:`ConfigError` otherwise."""
+def check_int(field: str, value: Any, minimum: int, maximum: int = SQLITE_INT_MAX) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (bools and floats refused); raise :class:`ConfigError` otherwise.
+
+    The default ``maximum`` is :data:`SQLITE_INT_MAX`: any larger integer could not be stored with its run.
+    """
     try:
         if isinstance(value, bool):
             raise TypeError
@@ -77,6 +105,25 @@ def check_int(field: str, value: Any, minimum: int) -> int:
         raise ConfigError(field, f"{field} must be an integer >= {minimum}, got {value!r}") from None
     if v < minimum:
         raise ConfigError(field, f"{field} must be an integer >= {minimum}, got {v}")
+    if v > maximum:
+        why = " (2**63 - 1, the largest integer SQLite stores)" if maximum == SQLITE_INT_MAX else ""
+        raise ConfigError(field, f"{field} must be an integer from {minimum} to {maximum}{why}, got {v}")
+    return v
+
+
+def check_cost(field: str, value: Any, minimum: int) -> int:
+    """``value`` as an int from ``minimum`` to the option's :data:`COST_LIMITS` entry.
+
+    Raises
+    ------
+    ConfigError
+        Not an integer, or out of range.
+    """
+    limit = COST_LIMITS[field]
+    v = check_int(field, value, minimum)
+    if v > limit:
+        raise ConfigError(field, f"{field} must be an integer from {minimum} to {limit}, got {v}: each unit adds "
+                                 f"to every run's time, and the limit is far beyond what any sweep needs")
     return v
 
 
@@ -94,13 +141,13 @@ def check_float(field: str, value: Any, minimum: float) -> float:
 
 
 def check_jobs(jobs: Any) -> int:
-    """Parallel workers, ``>= 1``."""
-    return check_int("jobs", jobs, 1)
+    """Parallel workers, from 1 to :data:`MAX_WORKERS`."""
+    return check_int("jobs", jobs, 1, MAX_WORKERS)
 
 
 def check_threads(threads: Any) -> int:
-    """torch threads per process doing the work, ``>= 1``."""
-    return check_int("threads", threads, 1)
+    """torch threads per process doing the work, from 1 to :data:`MAX_WORKERS`."""
+    return check_int("threads", threads, 1, MAX_WORKERS)
 
 
 def check_dtype(dtype: Any) -> str:
@@ -326,12 +373,14 @@ def check_run_config(cfg) -> None:
     except ValueError as e:
         raise ConfigError("strategy", str(e)) from None
     dataset_class(cfg.dataset)
-    for name in ("d_s", "d_e", "b", "d_k", "p", "n_batches", "repeats"):
+    for name in ("d_s", "d_e", "b", "d_k", "p"):
         check_int(name, getattr(cfg, name), 1)
-    check_int("warmup_steps", cfg.warmup_steps, 0)
+    for name in ("n_batches", "repeats"):
+        check_cost(name, getattr(cfg, name), 1)
+    check_cost("warmup_steps", cfg.warmup_steps, 0)
     check_int("seed", cfg.seed, 0)
     # Two at least: the held-out decrease's standard error is their spread.
-    check_int("heldout_batches", cfg.heldout_batches, 2)
+    check_cost("heldout_batches", cfg.heldout_batches, 2)
     d_in = input_width(cfg.dataset, cfg.d_e)
     if cfg.d_k + cfg.p > d_in:
         width = f"d_e + 1 = {d_in} (the head's input has a ones column)" if d_in > cfg.d_e else f"d_e = {cfg.d_e}"
@@ -381,6 +430,19 @@ def check_runs(configs: Iterable, *, jobs: int = 1, max_memory: float | None = N
         check_dataset(spec, d_e, d_s, d_k, p)
 
 
+def warmup_seconds(configs: Iterable) -> float:
+    """Seconds of one thread the warm-ups of a sweep's runs take, estimated, when none is cached.
+
+    Runs that share a dataset, sizes, seed and precision share one warm-up (the model cache); each
+    step costs :data:`WARMUP_STEP_OVERHEAD_S` plus its multiply-adds at :data:`WARMUP_RATE`. An
+    estimate of the order of magnitude, shown before a long sweep starts, not a promise.
+    """
+    models = {(c.dataset, c.d_s, c.d_e, c.d_k, c.seed, c.warmup_steps, c.dtype, c.scale_policy, c.device)
+              for c in configs}
+    return sum(steps * (WARMUP_STEP_OVERHEAD_S + WARMUP_BATCH * d_s * d_e * (d_s + d_e) / WARMUP_RATE)
+               for _, d_s, d_e, _, _, steps, *_ in models)
+
+
 def _runnable(configs: list, strict_devices: bool) -> list:
     """The configurations whose device is present; refuse absent ones when ``strict_devices``, or when none is left."""
     present = {d: device_present(d) for d in {c.device for c in configs}}
@@ -411,7 +473,7 @@ def check_train_configs(configs: Iterable, *, jobs: int = 1, max_memory: float |
         dataset_class(c.dataset)
         for name in ("d_s", "d_e", "b", "d_k0", "d_k_max", "p", "n_heads", "stats_batches", "steps"):
             check_int(name, getattr(c, name), 1)
-        check_int("seed", c.seed, 0)
+        check_int("seed", c.seed, 0, MAX_TRAIN_SEED)
         check_device(c.device, present=False)
         check_dtype(c.dtype)
         if is_pretrained(c.dataset):

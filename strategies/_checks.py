@@ -9,19 +9,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+#: The dtypes a strategy takes: half precision is computed in float32 (:func:`compute_dtype`); others
+#: (float8, complex, integers) have no factorisation kernels or no meaning for a real gradient.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 
 def check_finite(name: str, t: Tensor) -> None:
-    """Raise ``ValueError`` if ``t`` holds NaN or Inf."""
+    """Raise ``ValueError`` if ``t`` is not a real floating-point tensor with data, or holds NaN or Inf."""
     if not torch.is_tensor(t):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be a float16, bfloat16, float32 or float64 tensor, got dtype {t.dtype}")
+    check_device(name, t)
     # One reduction instead of an element-wise mask: any NaN/Inf makes the sum non-finite.
     # Only then are entries counted, so a finite tensor whose sum overflows still passes.
     if not bool(torch.isfinite(t.sum())):
         n_bad = int((~torch.isfinite(t)).sum())
         if n_bad:
             raise ValueError(f"{name} contains {n_bad} NaN/Inf entries")
+
+
+def check_device(name: str, t: Tensor) -> None:
+    """Refuse a tensor without data (the ``meta`` device) or a sparse one: no value of it can be read."""
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (a shape without data): move it to a real device first")
+    if t.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense tensor, got layout {t.layout}")
 
 
 def check_batch(X: Tensor, G: Tensor, mask: Tensor | None = None) -> Tensor | None:
@@ -50,18 +63,21 @@ def check_batch(X: Tensor, G: Tensor, mask: Tensor | None = None) -> Tensor | No
 
 
 def check_mask(mask: Tensor | None, b: int, d_s: int, device: torch.device) -> Tensor | None:
-    """Validate a mask of shape ``(d_s, d_s)`` or ``(b, d_s, d_s)``; True = attended."""
+    """Validate a mask of shape ``(d_s, d_s)`` or ``(b, d_s, d_s)`` on ``device``; True = attended."""
     if mask is None:
         return None
     if not torch.is_tensor(mask):
         raise ValueError(f"mask must be a bool tensor, got {type(mask).__name__}")
+    check_device("mask", mask)
+    if mask.device != torch.device(device):
+        raise ValueError(f"mask is on {mask.device} but X is on {device}: put the mask on X's device")
     if mask.shape not in ((d_s, d_s), (b, d_s, d_s)):
         raise ValueError(
             f"mask must have shape (d_s, d_s) or (b, d_s, d_s) with d_s={d_s}, b={b}, got {tuple(mask.shape)}"
         )
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must have dtype torch.bool (True = attended), got {mask.dtype}")
-    return mask.to(device)
+    return mask
 
 
 def check_factors(W_Q: Tensor, W_K: Tensor, d_e: int, p: int) -> int:
@@ -145,3 +161,42 @@ def pow2_scale(t: Tensor) -> Tensor:
     # The exponent in t's dtype: torch 2.3's ldexp raises 2 to an integer exponent in float32,
     # which underflows to 0 below 2^-149 (a float64 gradient of 1e-125 would scale to 0).
     return torch.where(m > 0, torch.ldexp(one, torch.frexp(m).exponent.to(m.dtype)), one)
+
+
+#: ``max|X|`` a growth computes in each dtype. Its sums of squares (``E[XᵀX]`` and its Frobenius
+#: norm, ``‖X P Xᵀ‖``) grow as ``|X|⁴`` times the tokens squared, its direction ``P`` as ``|X|⁻²``:
+#: outside this range they overflow or underflow the dtype (float32 inputs are widened to float64).
+X_RANGE = {torch.float32: (2.0**-16, 2.0**16), torch.float64: (2.0**-200, 2.0**200)}
+
+
+def range_dtype(X: Tensor, x_max: float | None = None) -> torch.dtype:
+    """The dtype a strategy computes in for the batch ``X``, given its magnitude.
+
+    Parameters
+    ----------
+    X : Tensor
+        A checked batch (:func:`check_batch`).
+    x_max : float, optional
+        ``max|X|`` when the caller has it already; otherwise it is read (one host transfer).
+
+    Returns
+    -------
+    torch.dtype
+        :func:`compute_dtype` of ``X``'s dtype, or float64 where ``max|X|`` is outside that
+        dtype's :data:`X_RANGE` (widening is exact, so the result is that of the same inputs).
+        An all-zero ``X`` keeps :func:`compute_dtype`: no step can change its scores.
+
+    Raises
+    ------
+    ValueError
+        ``max|X|`` outside even float64's range.
+    """
+    x_max = float(X.abs().amax()) if x_max is None else x_max
+    dtype = compute_dtype(X.dtype)
+    for candidate in dict.fromkeys((dtype, torch.float64)):
+        lo, hi = X_RANGE[candidate]
+        if x_max == 0 or lo <= x_max <= hi:
+            return candidate
+    lo, hi = X_RANGE[torch.float64]
+    raise ValueError(f"X: max |entry| {x_max:.3g} is outside [{lo:.3g}, {hi:.3g}], where a growth can square and "
+                     "invert it even in float64: rescale the inputs")

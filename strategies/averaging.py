@@ -67,7 +67,14 @@ class _PerSampleStatistics(Statistics):
         self.sum_P_even: Tensor | None = None
 
     def _accumulate(self, X: Tensor, G: Tensor, GX: Tensor, mask: Tensor | None) -> None:
-        P = self.inverse.data_sandwich(X, G, self.log, GX=GX)
+        try:
+            P = self.inverse.data_sandwich(X, G, self.log, GX=GX)
+        except torch.linalg.LinAlgError as e:
+            # In range, a batch factorises; one far larger than the first (which fixed the dtype) overflows it.
+            raise ValueError(
+                f"X: the per-sample {self.inverse.name} failed on this batch in {X.dtype} (max |X| "
+                f"{float(X.abs().amax()):.3g}; {str(e).strip().splitlines()[0]}): accumulate batches of one magnitude"
+            ) from None
         self._add_to("sum_P", P.sum(dim=0))
         self._add_to("sum_P_even", P[self.even_samples(X.shape[0], X.device)].sum(dim=0))
 
@@ -274,16 +281,14 @@ def solve_joint(
     maxiter: int,
     log: list[str],
     rtol: float | None = None,
-    energy_tol: float | None = None,
 ) -> tuple[Tensor, CGInfo]:
     """Solve the joint normal equations for ``X (N, d_s, d_e)`` with right-hand side ``rhs (d_e, d_e)``.
 
     The preconditioner ``R ↦ E[A]^{-1} R E[A]^{-1}`` uses ``inverse`` with default cutoff
-    ``rtol``; ``energy_tol`` is passed to :func:`~strategies.cg.pcg`. Non-convergence is
-    appended to ``log``.
+    ``rtol``. Non-convergence is appended to ``log``.
     """
     prec = inverse.factor(mean_A, log, rtol=rtol)
-    P, cg = pcg(joint_operator(X, mask), rhs, prec.sandwich, tol=tol, maxiter=maxiter, energy_tol=energy_tol)
+    P, cg = pcg(joint_operator(X, mask), rhs, prec.sandwich, tol=tol, maxiter=maxiter)
     if not cg.converged:
         log.append(
             f"joint: CG stopped after {cg.iterations} iterations at relative residual {cg.residual:.2e} > tol {tol:.0e}"

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ._checks import pow2_scale
-from .growth import StepContext, Strategy
+from .growth import StepContext, Strategy, append_columns
 from .registry import register
 from .statistics import Statistics
 from .timing import timed
@@ -87,7 +87,7 @@ class Baseline(Strategy):
         # No graph: the results are new weights, detached like a growth strategy's.
         with timed(ctx.timings, "direction", W_Q.device), torch.no_grad():
             new_Q, new_K = self._new_columns(W_Q, W_K, stats, p, keep)
-            W_Q2, W_K2 = torch.cat([W_Q * keep, new_Q], 1), torch.cat([W_K * keep, new_K], 1)
+            W_Q2, W_K2 = append_columns(ctx, W_Q, W_K, new_Q, new_K)
         ctx.timings.setdefault("line_search", 0.0)
         ctx.timings.setdefault("truncation", 0.0)
         return W_Q2, W_K2, 0.0

@@ -106,10 +106,14 @@ def factor_psd(A: Tensor, rtol: float, lift: float = 1.0, seed: int = 0) -> PSDF
     """
     d = A.shape[-1]
     eye = torch.eye(d, dtype=A.dtype, device=A.device)
-    scale = A.diagonal().amax().clamp_min(torch.finfo(A.dtype).tiny)
+    # Not clamped above 0: for A = 0 a tiny jitter's solve overflows to inf; a zero one fails below, and says so.
+    scale = A.diagonal().amax()
     jitter = rtol * scale
     null_cut = rtol * torch.linalg.matrix_norm(A)  # ‖A‖_F ≥ λ_max, like a pseudo-inverse's cutoff
     L, info = torch.linalg.cholesky_ex(A + jitter * eye)
+    # A failed factor holds NaN, which would make the eigh below raise before the failure is read:
+    # iterate with the identity instead (no host transfer), and let the count below say it failed.
+    L = torch.where(info.ne(0), eye, L)
     gen = torch.Generator(device=A.device).manual_seed(seed)
     k, syncs = min(d, NULL_BLOCK), 0
     while True:

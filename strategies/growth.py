@@ -6,8 +6,9 @@ is the functional-gradient growth of docs/mathematics.md §2–5.
 
 Precision and range, the same for every strategy (``Strategy.grow``):
 
-- float16/bfloat16 inputs are computed in float32 and the new factors are returned in
-  the input's dtype. ``loss_of_scores`` still receives scores in the input's dtype (the
+- float16/bfloat16 inputs are computed in float32, and inputs whose ``max|X|`` leaves
+  float32's range (:data:`strategies._checks.X_RANGE`) in float64; the new factors are
+  returned in the input's dtype. ``loss_of_scores`` still receives scores in the input's dtype (the
   rest of a half-precision model expects them); its value is widened to float32.
   ``loss_after`` is the loss at the factors as returned, i.e. after rounding.
 - ``G`` far from 1 in magnitude (beyond ``2^±24``) is divided by a power of two first,
@@ -20,6 +21,11 @@ Precision and range, the same for every strategy (``Strategy.grow``):
   dtype and device where they are used.
 - Every tensor returned is detached. A ``loss_after`` that is not finite is recorded in
   ``fallback`` and flagged by :attr:`GrowthResult.loss_after_finite`.
+- Degenerate inputs end in the zero step, recorded in ``fallback``: the old columns kept
+  (rescaled to ``new_scale``) and ``p`` zero columns, so the block's function is unchanged
+  (:func:`zero_step`). That is the case when ``X P Xᵀ = 0`` (``X = 0``, ``G = 0``), when a
+  factorisation fails (``torch.linalg.LinAlgError``), and when the step's factors overflow
+  the input's dtype (an ``X`` so small that a step of one logit needs factors beyond it).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ._checks import check_batch, check_factors, check_scale, compute_dtype, pow2_scale
+from ._checks import check_batch, check_factors, check_scale, pow2_scale, range_dtype
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem, truncated_scores
 from .result import GrowthResult
@@ -73,6 +79,8 @@ class _CountedLoss:
         out = self.fn(S.to(self.dtype) if cast else S)
         if not torch.is_tensor(out) or out.numel() != 1:
             raise ValueError(f"loss_of_scores must return a scalar tensor, got {out!r:.80}")
+        if out.is_complex() or out.device.type == "meta":
+            raise ValueError(f"loss_of_scores must return a real scalar with a value, got {out.dtype} on {out.device}")
         out = out.reshape(())
         return out.to(S.dtype) if cast and out.is_floating_point() else out
 
@@ -113,6 +121,8 @@ class StepContext:
     heldout_samples : Tensor or None
         ``(b,)`` bool: the samples of the batch that a ``+holdout`` line search chooses λ on
         when the statistics came from the others (None: every sample, see ``grow``).
+    x_max : float
+        ``max|X|`` of the caller's batch (NaN where not measured).
     """
 
     X: Tensor
@@ -131,6 +141,7 @@ class StepContext:
     loss_after: float | None = None
     g_scale: float = 1.0
     heldout_samples: Tensor | None = None
+    x_max: float = math.nan
 
 
 class Strategy(ABC):
@@ -187,7 +198,13 @@ class Strategy(ABC):
         -------
         Tensor
             ``(d_e, d_e)``, in the statistics' dtype: float32 for float16/bfloat16 batches,
-            since ``P`` is a measurement whose range can exceed float16's, not a weight.
+            since ``P`` is a measurement whose range can exceed float16's, not a weight
+            (float64 for a float32 batch beyond float32's range, see :func:`strategies._checks.range_dtype`).
+
+        Raises
+        ------
+        ValueError
+            Bad input, or statistics no factorisation can make a finite direction of.
         """
         if isinstance(X, Statistics):
             if G is not None:
@@ -198,9 +215,14 @@ class Strategy(ABC):
             if G is None:
                 raise ValueError("direction(X, G): G is required when X is a tensor")
             stats = self.new_statistics().update(X, G, mask)
-        with torch.no_grad():
-            P = self._direction(stats, [], {})
-        _check_direction(bool(torch.isfinite(P).all()))
+        try:
+            with torch.no_grad():
+                P = self._direction(stats, [], {})
+        except torch.linalg.LinAlgError as e:
+            raise ValueError(f"{self.spec}: no direction from these statistics: {_first_line(e)}") from None
+        if not bool(torch.isfinite(P).all()):
+            raise ValueError(f"{self.spec}: the direction P is not finite: the statistics are degenerate beyond any "
+                             "fallback (batches of very different magnitudes?)")
         return P
 
     def grow(
@@ -261,10 +283,10 @@ class Strategy(ABC):
         Raises
         ------
         ValueError
-            Bad input, a loss that is not finite at the current scores, or (``+holdout``)
-            statistics that hold ``X`` as another batch than their last.
-        FloatingPointError
-            New factors that are not finite (or overflow the input's dtype).
+            Bad input (a tensor of another dtype or device, on the meta device, a complex or
+            integer one, ``max|X|`` beyond float64's range), a loss that is not a real scalar
+            or not finite at the current scores, or (``+holdout``) statistics that hold ``X``
+            as another batch than their last.
 
         Notes
         -----
@@ -272,12 +294,17 @@ class Strategy(ABC):
         direction, λ and the factors before rounding are the float32 result of the same
         inputs; only the loss evaluations (in the caller's precision) and the final rounding
         differ. ``info["loss_after_float32"]`` keeps the step's loss before that rounding.
+
+        Degenerate inputs (``X = 0``, ``G = 0``, an ``X`` too small for a step the dtype can
+        hold, a factorisation that fails) give the zero step with the reason in ``fallback``:
+        see :func:`zero_step`.
         """
         t_start = time.perf_counter()
         mask = check_batch(X, G, mask)
         check_factors(W_Q, W_K, X.shape[-1], p)
-        if W_Q.dtype != X.dtype or W_Q.device != X.device:
-            raise ValueError(f"W_Q/W_K ({W_Q.dtype}, {W_Q.device}) must match X ({X.dtype}, {X.device})")
+        for name, W in (("W_Q", W_Q), ("W_K", W_K)):
+            if W.dtype != X.dtype or W.device != X.device:
+                raise ValueError(f"{name} ({W.dtype}, {W.device}) must match X ({X.dtype}, {X.device})")
         out_dtype = X.dtype
         own_stats = stats is None
         ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask)
@@ -288,7 +315,17 @@ class Strategy(ABC):
         ctx.info["tokens_per_d_e2"] = stats.tokens / X.shape[-1] ** 2
         if own_stats and ctx.heldout_samples is None:
             ctx.M_batch = stats.sum_M
-        W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p)
+        try:
+            W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p)
+        except torch.linalg.LinAlgError as e:  # inputs in range can still defeat an eigensolver: keep the function
+            W_Q2, W_K2, lam = zero_step(ctx, W_Q, W_K, p, f"{self.spec}: a factorisation failed ({_first_line(e)})")
+        if not _fits(out_dtype, W_Q2, W_K2):
+            largest = float(torch.stack([W_Q2.abs().amax(), W_K2.abs().amax()]).amax())
+            W_Q2, W_K2, lam = zero_step(
+                ctx, W_Q, W_K, p, f"step: the new factors (max |entry| {largest:.3g}) do not fit {out_dtype}")
+            if not _fits(out_dtype, W_Q2, W_K2):
+                raise ValueError(f"scale, new_scale: the current factors times sqrt(scale / new_scale) = "
+                                 f"{math.sqrt(ctx.scale / ctx.new_scale):.3g} do not fit {out_dtype}")
         result = finish_step(ctx, W_Q2, W_K2, lam, out_dtype, self.spec)
         # Statistics the caller accumulated were timed when they were built: count them in.
         result.timings["total"] = time.perf_counter() - t_start + (0.0 if own_stats else stats.elapsed)
@@ -322,19 +359,21 @@ def start_step(
     Raises
     ------
     ValueError
-        A scale that is not finite and positive, or a loss that is not finite at the current scores.
+        A scale that is not finite and positive, ``max|X|`` beyond float64's range, current scores
+        that overflow the inputs' dtype, or a loss that is not finite at the current scores.
     """
     d_k = W_Q.shape[1]
     scale = check_scale("scale", 1.0 / math.sqrt(max(d_k, 1)) if scale is None else scale)
     new_scale = check_scale("new_scale", scale if new_scale is None else new_scale)
     out_dtype = X.dtype
-    cdt = compute_dtype(out_dtype)
+    # One host transfer for both magnitudes: X's picks the compute dtype, G's its rescaling.
+    x_max, g_max = torch.stack([X.detach().abs().amax(), G.detach().abs().amax()]).tolist()
+    cdt = range_dtype(X, x_max)
     # The loss sees scores in the caller's dtype whatever the compute dtype: a half-precision
     # model's rest (values, projections) cannot take float32 scores.
     loss = _CountedLoss(loss_of_scores, out_dtype)
     # Detached: the inputs are data here, and a result must never carry the caller's graph.
     X, G, W_Q, W_K = (t.detach().to(cdt) for t in (X, G, W_Q, W_K))
-    g_max = float(G.abs().amax())
     g_scale = 1.0
     if g_max > 0 and not (G_RANGE[0] <= g_max <= G_RANGE[1]):
         g_scale = float(pow2_scale(G))
@@ -344,9 +383,13 @@ def start_step(
         S0 = scale * (X @ W_Q) @ (X @ W_K).mT  # through the rank-d_k factors: cheaper than X Z Xᵀ
         loss0 = float(loss(S0))
     if not math.isfinite(loss0):
+        s_max = float(S0.abs().amax())
+        if not s_max <= torch.finfo(out_dtype).max:
+            raise ValueError(f"X, W_Q, W_K: the current scores reach {s_max:.3g}, beyond {out_dtype}: rescale the "
+                             "inputs or the factors")
         raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
     ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
-                      g_scale=g_scale)
+                      g_scale=g_scale, x_max=x_max)
     if g_scale != 1.0:
         ctx.info["g_scale"] = g_scale
     return ctx, W_Q, W_K
@@ -377,19 +420,14 @@ def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtyp
     Raises
     ------
     FloatingPointError
-        New factors that are not finite, or that overflow ``out_dtype``.
+        New factors that are not finite in ``out_dtype`` (``grow`` replaces such a step by :func:`zero_step` first).
     """
     X, G, log = ctx.X, ctx.G, ctx.log
     cdt = X.dtype
-    for name, W in (("W_Q", W_Q), ("W_K", W_K)):
-        if not bool(torch.isfinite(W).all()):
-            raise FloatingPointError(f"{spec}: new {name} is not finite (fallbacks: {log})")
+    if not _fits(out_dtype, W_Q, W_K):
+        raise FloatingPointError(f"{spec}: the new factors are not finite in {out_dtype} (fallbacks: {log})")
     W_Q_out, W_K_out = W_Q.detach().to(out_dtype), W_K.detach().to(out_dtype)
     if out_dtype != cdt:
-        for name, W, W_out in (("W_Q", W_Q, W_Q_out), ("W_K", W_K, W_K_out)):
-            if not bool(torch.isfinite(W_out).all()):
-                raise FloatingPointError(
-                    f"{spec}: new {name} overflows {out_dtype} (max |entry| {float(W.abs().amax()):.3g})")
         # Report what the caller gets: the loss and dZ of the rounded factors.
         if ctx.loss_after is not None:
             ctx.info[f"loss_after_{str(cdt).removeprefix('torch.')}"] = ctx.loss_after
@@ -418,10 +456,55 @@ def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtyp
     )
 
 
-def _check_direction(finite: bool) -> None:
-    """Refuse a direction with NaN/Inf entries (``finite`` says whether every entry of ``P`` is finite)."""
-    if not finite:
-        raise FloatingPointError("the direction P is not finite: the statistics are degenerate beyond any fallback")
+def append_columns(ctx: StepContext, W_Q: Tensor, W_K: Tensor, new_Q: Tensor,
+                   new_K: Tensor) -> tuple[Tensor, Tensor]:
+    """The old factors rescaled by ``sqrt(c / c')``, so that ``c' W_Q' W_K'ᵀ`` keeps ``c W_Q W_Kᵀ`` on them, with
+    ``new_Q`` and ``new_K`` ``(d_e, p)`` appended."""
+    keep = math.sqrt(ctx.scale / ctx.new_scale)
+    return torch.cat([W_Q * keep, new_Q], 1), torch.cat([W_K * keep, new_K], 1)
+
+
+def zero_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, p: int, reason: str) -> tuple[Tensor, Tensor, float]:
+    """The step that keeps the block's function: ``p`` zero columns appended, ``reason`` recorded.
+
+    Parameters
+    ----------
+    ctx : StepContext
+        The step's context; ``reason`` goes to ``ctx.log``, and a loss the step had evaluated is dropped.
+    W_Q, W_K : Tensor
+        The current factors ``(d_e, d_k)`` in the compute dtype.
+    p : int
+        New columns.
+    reason : str
+        Why no step is taken, for the record.
+
+    Returns
+    -------
+    (Tensor, Tensor, float)
+        The new factors (:func:`append_columns` with zero columns) and λ = 0.
+
+    Notes
+    -----
+    Needs no factorisation, so it is the step left where one failed. It equals what λ = 0 gives
+    through the truncation (zero singular values for the new columns), up to the basis of the old ones.
+    """
+    ctx.log.append(f"{reason}; λ = 0 (zero new columns, function kept)")
+    ctx.loss_after = None
+    for phase in ("direction", "line_search", "truncation"):
+        ctx.timings.setdefault(phase, 0.0)
+    zeros = W_Q.new_zeros(W_Q.shape[0], p)
+    return (*append_columns(ctx, W_Q, W_K, zeros, zeros), 0.0)
+
+
+def _fits(dtype: torch.dtype, *tensors: Tensor) -> bool:
+    """Whether every entry of ``tensors`` is finite in ``dtype`` (one host transfer)."""
+    return bool(torch.stack([torch.isfinite(t.to(dtype)).all() for t in tensors]).all())
+
+
+def _first_line(error: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message (torch's run to several)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__.lstrip('_')}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 class GrowthStrategy(Strategy):
@@ -480,6 +563,8 @@ class GrowthStrategy(Strategy):
         return self.averaging.direction(stats, log, info)
 
     def _step(self, ctx: StepContext, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int):
+        if ctx.x_max == 0:  # no factorisation of all-zero statistics can say more, and some would only say it noisily
+            return zero_step(ctx, W_Q, W_K, p, "direction: X = 0, so no change of Z moves the scores")
         rank = W_Q.shape[1] + p
         calls_before = ctx.loss.calls
         with timed(ctx.timings, "direction", ctx.X.device), torch.no_grad():
@@ -528,7 +613,7 @@ def build_search_problem(
     -------
     SearchProblem or None
         None, with the reason appended to ``ctx.log``, when ``X P Xᵀ = 0`` on the batch (no
-        step can reach ``G``) or when it overflows ``X``'s dtype.
+        step can reach ``G``), when it overflows ``X``'s dtype, or when ``P`` is not finite.
 
     Notes
     -----
@@ -569,7 +654,9 @@ def build_search_problem(
         ctx.info["host_syncs"] += metric.host_syncs
         if metric.null_dims:
             ctx.info["metric_null_directions"] = metric.null_dims
-    _check_direction(bool(finite))
+    if not finite:  # statistics the caller accumulated from batches of far different magnitudes, say
+        ctx.log.append("direction: P is not finite (the statistics are degenerate beyond any fallback); λ = 0")
+        return None
     if not math.isfinite(norm):
         # Not "no reachable component": the inputs are too large for the dtype at any step size.
         ctx.log.append(f"direction: X P Xᵀ overflows {X.dtype} (|X| up to {float(X.abs().amax()):.3g}); λ = 0")

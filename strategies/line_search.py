@@ -382,8 +382,9 @@ class LineSearch(ABC):
         lam, v = math.exp(float(res.x)), float(res.fun)
         return (lam, v) if v < prob.loss0 else (0.0, prob.loss0)
 
-    def _derivatives(self, prob: SearchProblem, lam: float, path: Callable) -> tuple[float, float, float]:
-        """``(φ, φ', φ'')`` at ``lam`` along ``path(prob, λ) -> scores`` by AD.
+    def _derivatives(self, prob: SearchProblem, lam: float, path: Callable) -> tuple[float, float, float] | None:
+        """``(φ, φ', φ'')`` at ``lam`` along ``path(prob, λ) -> scores`` by AD; None when the loss has no derivative
+        there (it returned a tensor outside autograd's graph: detached, or computed off the scores).
 
         Reverse-over-reverse on the scalar λ: it works for any closure autograd can
         differentiate twice, whereas ``torch.func``'s forward-over-reverse rejects common
@@ -393,7 +394,11 @@ class LineSearch(ABC):
         t = torch.tensor(lam, dtype=prob.X.dtype, device=prob.X.device, requires_grad=True)
         with torch.enable_grad():
             v = prob.loss(path(prob, t))
-            (d1,) = torch.autograd.grad(v, t, create_graph=True)
+            if not v.requires_grad:
+                return None
+            (d1,) = torch.autograd.grad(v, t, create_graph=True, allow_unused=True)
+            if d1 is None:
+                return None
             (d2,) = torch.autograd.grad(d1, t) if d1.requires_grad else (torch.zeros_like(d1),)
         return float(v.detach()) + prob.penalty * lam, float(d1.detach()) + prob.penalty, float(d2)
 
@@ -412,7 +417,12 @@ class LineSearch(ABC):
             # differentiable: the fast path is used there. Its slope is the truncated path's only
             # when the part of P̂ outside Z's spaces has rank <= p (docs/mathematics.md §5.1).
             path = self._fast_path if lam == 0.0 else self.scores
-            v, d1, d2 = self._derivatives(prob, lam, path)
+            derivatives = self._derivatives(prob, lam, path)
+            if derivatives is None:  # a detached loss (.item(), numpy, .detach()): search it without derivatives
+                log.append(f"newton: loss_of_scores has no derivative along λ at λ={lam:.3g} (it returned a tensor "
+                           "outside autograd's graph); used the bounded search instead")
+                return self._bounded(prob, info)
+            v, d1, d2 = derivatives
             if step == 0:
                 slope0 = d1
             if lam > 0 and math.isfinite(v) and v < best[1]:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import stat
 import warnings
 from dataclasses import dataclass
 from importlib import resources
@@ -251,7 +253,20 @@ def _read_default(path: object) -> dict[Regime, _Entry] | str:
 
     Returns ``{regime: entry}`` for a file with ``"regimes"``, or one canonical spec
     for a file of one ``"spec"`` (every regime then uses it).
+
+    Only a regular file is read: a FIFO would block every command that resolves ``default``, and a
+    device could be endless. JSON nested too deeply for the parser is refused like invalid JSON.
     """
+    try:
+        mode = os.stat(path).st_mode  # a Traversable inside a zip has no file system path
+    except TypeError:
+        mode = stat.S_IFREG
+    except FileNotFoundError:
+        raise ValueError("file not found") from None
+    except OSError as e:
+        raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError("not a regular file (a folder, FIFO or device); not read")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -262,6 +277,8 @@ def _read_default(path: object) -> dict[Regime, _Entry] | str:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError("invalid JSON (nested too deeply to read)") from None
     if not isinstance(data, dict):
         raise ValueError(f'expected a JSON object with a "regimes" or "spec" key, got a JSON {type(data).__name__}')
     if "regimes" not in data:

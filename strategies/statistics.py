@@ -18,8 +18,9 @@ Two more things make a step judge itself by data it did not fit (docs/mathematic
   the sums hold.
 
 Precision: the first batch fixes the statistics' dtype and device, float32 for
-float16/bfloat16 batches (:func:`strategies._checks.compute_dtype`); later batches are
-converted to them, so batches of mixed dtypes accumulate in one precision.
+float16/bfloat16 batches and float64 for a batch whose magnitude leaves float32's range
+(:func:`strategies._checks.range_dtype`); later batches are converted to them, so batches
+of mixed dtypes accumulate in one precision.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import copy
 import torch
 from torch import Tensor
 
-from ._checks import check_batch, compute_dtype
+from ._checks import check_batch, range_dtype
 from .timing import timed
 
 
@@ -48,7 +49,7 @@ class Statistics:
         Number of samples (sequences) seen.
     sum_A, sum_M : Tensor
         ``Σ_b X_bᵀ X_b`` and ``Σ_b X_bᵀ G_b X_b``, each ``(d_e, d_e)``, in the dtype and on
-        the device of the first batch (float32 for a float16/bfloat16 one).
+        the device of the first batch (see the module docstring on precision).
     elapsed : float
         Seconds spent in ``update`` (synchronised on CUDA).
     log : list of str
@@ -106,8 +107,8 @@ class Statistics:
         # One precision and device for every sum: the first batch's (float32 for half
         # precision, which torch cannot factorise), so that mixed batches add up instead of
         # failing inside torch with a dtype error.
-        if self.sum_A is None:
-            dtype, device = compute_dtype(X.dtype), X.device
+        if self.sum_A is None:  # float64 for a float32 batch whose squares would leave float32's range
+            dtype, device = range_dtype(X), X.device
         else:
             dtype, device = self.sum_A.dtype, self.sum_A.device
         X, G = X.to(device=device, dtype=dtype), G.to(device=device, dtype=dtype)
@@ -124,10 +125,14 @@ class Statistics:
             M = Xf.mT @ GX.reshape(-1, d_e)
             even = self.even_samples(X.shape[0], X.device)
             M_even = X[even].reshape(-1, d_e).mT @ GX[even].reshape(-1, d_e)
-            self._last = {}
+            last, self._last = self._last, {}
+            try:  # first: a batch the subclass refuses (another d_s, a failed factorisation) leaves every sum as it was
+                self._accumulate(X, G, GX, mask)
+            except Exception:
+                self._last = last
+                raise
             for name, value in (("sum_A", A), ("sum_M", M), ("sum_M_even", M_even)):
                 self._add_to(name, value)
-            self._accumulate(X, G, GX, mask)
             self._fingerprints.append((tuple(X.shape), _fingerprint(X)))
             self.n += X.shape[0]
             self.tokens += X.shape[0] * X.shape[1]

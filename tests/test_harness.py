@@ -164,7 +164,7 @@ def test_cli_list_json_and_unknown_names(tmp_path, capsys):
     assert {"presets", "strategies", "datasets", "sweep_presets"} <= set(data)
     assert set(data["datasets"]) == {"teacher", "icl-regression", "digits", "text", "minilm-recovery",
                                      "minilm-similarity"}
-    assert set(data["sweep_presets"]) == {"smoke", "quick", "gpu", "full"}
+    assert set(data["sweep_presets"]) == {"smoke", "quick", "thorough", "gpu", "full"}
     for bad, valid in ((["--preset", "huge"], "smoke"), (["--datasets", "mnist"], "teacher"),
                        (["--strategies", "fomula1"], "formula1")):
         assert cli_main(["run", *bad, "--db", str(tmp_path / "x.sqlite"), "--no-progress"]) == 2

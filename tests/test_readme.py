@@ -21,3 +21,21 @@ def test_the_readme_has_python_blocks():
 def test_every_python_block_of_the_readme_runs(block, tmp_path):
     done = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_readme_counts_are_the_codes():
+    """Every count the README states about the code is the code's own: specs, the smoke sweep's runs, the seeds of
+    the quick sweep and of the real training."""
+    import strategies
+    from harness.runner.sweep import PRETRAINED_SEEDS, RULE_SEEDS, expand, sweep_presets
+    from harness.runner.train_sweep import train_presets
+
+    assert int(re.search(r"all (\d+) specs", README).group(1)) == len(strategies.specs())
+    assert int(re.search(r"--preset smoke +# (\d+) runs", README).group(1)) == len(expand(sweep_presets()["smoke"]))
+    quick = re.search(r"--preset quick +# .*?\((\d+) seeds\).*?\((\d+) seeds\)", README)
+    assert (int(quick.group(1)), int(quick.group(2))) == (len(RULE_SEEDS), len(PRETRAINED_SEEDS))
+    real_seeds = int(re.search(r"--preset real +# .*?(\d+) seeds", README).group(1))
+    assert real_seeds == len({c.seed for c in train_presets()["real"]})

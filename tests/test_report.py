@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from html.parser import HTMLParser
@@ -19,6 +20,7 @@ from harness.report.build import build_report
 from harness.report.figures.base import log_axis
 from harness.report.figures.palette import dataset_colors
 from harness.report.figures.pareto import pareto
+from harness.report.output import MANIFEST
 from harness.report.render import render_html, render_markdown
 from harness.report.sections import Bullet, Bullets, Link, Paragraph, Report, Section, Span, Table
 from harness.store.results import ResultsDB
@@ -165,7 +167,8 @@ def test_html_is_self_contained_and_escapes_database_strings(built):
     assert all(src.startswith("data:image/png;base64,") for src in doc.imgs)
     # No external resource: no scripts, stylesheets or links out of the page.
     assert "script" not in doc.tags and "link" not in doc.tags
-    assert all(h.startswith("#") for h in doc.links), doc.links
+    # The only links out of the page are to each figure's SVG beside it, for zooming (tests/test_figures.py).
+    assert all(h.startswith("#") or re.fullmatch(r"figures/\w+\.svg", h) for h in doc.links), doc.links
     # The hostile strategy name and error message are shown, escaped.
     assert "<script>" not in text and "&lt;script&gt;alert(" in text
     assert any(HOSTILE in t for t in doc.text)
@@ -401,10 +404,14 @@ def test_report_of_a_tiny_real_sweep(tmp_path):
     db = tmp_path / "r.sqlite"
     frame = run_sweep(expand([grid]), str(db), cache_dir=str(tmp_path / "c"), progress=False)
     assert (frame.status == "ok").all()
-    # Figures of an earlier report that this one does not draw (or draws without SVG) are removed.
+    # Figures of an earlier report that this one does not draw (or draws without SVG) are removed: those its
+    # manifest lists, unchanged (tests/test_bad_input_files.py: nothing else in the folder is touched).
     (tmp_path / "out" / "figures").mkdir(parents=True)
     for stale in ("scaling.png", "pareto.svg"):
         (tmp_path / "out" / "figures" / stale).write_text("old")
+    old = [hashlib.sha256(b"old").hexdigest()]
+    (tmp_path / "out" / MANIFEST).write_text(json.dumps({"files": {"figures/scaling.png": old,
+                                                                   "figures/pareto.svg": old}}))
     done = build_report(db, tmp_path / "out", svg=False)
     assert {"pareto", "ablation", "breakdown", "formula_gap", "lambda"} <= set(done["figures"])
     left = {f.name for f in (tmp_path / "out" / "figures").iterdir()}

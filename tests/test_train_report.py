@@ -255,7 +255,10 @@ def test_training_only_report_via_the_cli(report, section):
     doc = _Doc()
     doc.feed(html)
     assert len(doc.imgs) == 2 and all(s.startswith("data:image/png;base64,") for s in doc.imgs)
-    assert "script" not in doc.tags and all(h.startswith("#") for h in doc.links)
+    # The only links out of the page are to each figure's SVG beside it, for zooming (tests/test_figures.py).
+    assert "script" not in doc.tags and all(h.startswith("#") or h in ("figures/train_curves.svg",
+                                                                       "figures/train_variants.svg")
+                                            for h in doc.links)
     assert "<script>" not in html and "&lt;script&gt;alert(" in html
     assert "<script>" not in md and "figures/train_curves.png" in md
     # training_summary.csv is the table; no growth-sweep files.

@@ -11,19 +11,33 @@ import math
 
 import pandas as pd
 
-from harness.recommend import CLOSEST, DOES_NOT_GENERALISE, Recommendation, preset_names, rule_in_brief
+from harness.recommend import (
+    CLOSEST,
+    DOES_NOT_GENERALISE,
+    TOLERANCE,
+    Recommendation,
+    preset_names,
+    rule_in_brief,
+)
 from harness.report.figures.ablation import ablation_pairs, ablation_summary
 from harness.report.names import short_label
 from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
 from harness.report.train_runs import table_row
 from harness.report.train_verdict import FLOPS_TARGET, TARGET_BASELINES, measured_groups
 from harness.report.training import TrainingSection
-from harness.report.wording import four_digits, listing, times
+from harness.report.wording import duration, four_digits, listing, times
 
 TITLE = "Advice"
-# A change "does not matter" when its median effect over pairs stays within all three bounds.
+# A change "does not matter" to quality when, on every dataset, its median effect over pairs stays within both
+# bounds, and the evidence the report shows beside it agrees: on every pair, the path efficiency moves by at most
+# NEGLIGIBLE_PATH (and, for a change of the line search, whose own quality it measures, no run of the pairs is
+# below SEARCH_PATH_FLOOR), and the two sides' mean held-out gains are within the rule's tolerance of each other.
 NEGLIGIBLE_OPTIMALITY = 0.005  # optimality is unitless, at most 1
 NEGLIGIBLE_HELDOUT_PCT = 0.05  # held-out loss decrease, in % of the held-out loss
+NEGLIGIBLE_PATH = 0.05  # path efficiency, unitless (1: the search finds what a scan of λ finds)
+SEARCH_PATH_FLOOR = 0.9
+SEARCH_AXES = ("line_search", "method", "holdout", "shrink")
+# It does not matter to time when its median time ratio over all pairs is within these.
 NEGLIGIBLE_TIME = (1 / 1.1, 1.1)  # time ratio after / before
 # A training setting "does not matter" on a dataset when its variants' final losses are this close (relative).
 NEGLIGIBLE_TRAINING = 0.01
@@ -33,7 +47,7 @@ def _use(rec: Recommendation | None, error: str | None) -> Bullet:
     if rec is None or rec.spec is None:
         return Bullet((Span("Use", "strong"), f": no recommendation ({error or 'no growth strategy is eligible'})."))
     name = short_label(rec.spec, preset_names())
-    time = f"{rec.evidence['median_time_ms']:.3g} ms per growth (median over datasets)"
+    time = f"{duration(rec.evidence['median_time_ms'])} per growth (median over datasets)"
     if rec.verdict == DOES_NOT_GENERALISE:
         return Bullet((Span("Do not count on growth here", "strong"), f": {rec.statement} ({time}.)"))
     if rec.verdict == CLOSEST:
@@ -66,7 +80,7 @@ def _faster(rec: Recommendation) -> list[str]:
             if math.isfinite(first.worst_shortfall) else "falls short of the best held-out gain")
     missing = "" if first.eligible else " and did not run on every dataset"
     return [f"when time matters more than quality: {short_label(first.strategy, preset_names())} is "
-            f"{times(chosen / first.time_ms)} faster ({first.time_ms:.3g} ms) but {cost}{missing}."]
+            f"{times(chosen / first.time_ms)} faster ({duration(first.time_ms)}) but {cost}{missing}."]
 
 
 def _training_exceptions(section: TrainingSection) -> list[str]:
@@ -91,25 +105,70 @@ def _training_exceptions(section: TrainingSection) -> list[str]:
     return out
 
 
+def negligible_changes(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per one-axis change, whether each measure the advice reads leaves it negligible (see the bounds above).
+
+    Parameters
+    ----------
+    pairs : pandas.DataFrame
+        :func:`harness.report.figures.ablation.ablation_pairs`: the pairs of runs the ablation figure shows.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per change (in axis order): ``axis``, ``time`` (median time ratio), ``medians`` (optimality and
+        held-out decrease within their bounds on every dataset), ``lowest_path`` and ``largest_path_change``
+        (over every run and pair), ``path`` (those within theirs), ``largest_gain_gap`` (on the worst dataset,
+        how far apart the two sides' mean held-out gains are, as a share of the larger), ``heldout`` (within the
+        rule's tolerance), ``same_quality`` (all three) and ``same_time``.
+    """
+    summary = ablation_summary(pairs)
+    per_dataset = pairs.groupby(["change", "dataset"])
+    medians = per_dataset[["d_optimality", "d_heldout_pct"]].median()
+    moved = ((medians.d_optimality.abs() > NEGLIGIBLE_OPTIMALITY)
+             | (medians.d_heldout_pct.abs() > NEGLIGIBLE_HELDOUT_PCT)).groupby(level="change").any()
+    gains = per_dataset[["gain_a", "gain_b"]].mean()
+    larger = gains.abs().max(axis=1)
+    gap = ((gains.gain_b - gains.gain_a).abs() / larger).where(larger > 0, 0.0).groupby(level="change").max()
+    paths = pairs.assign(lowest=pairs[["path_a", "path_b"]].min(axis=1), change_=(pairs.path_b - pairs.path_a).abs())
+    out = pd.DataFrame({
+        "axis": summary.axis, "time": summary.time,
+        "medians": ~moved.reindex(summary.index, fill_value=True),
+        "lowest_path": paths.groupby("change").lowest.min().reindex(summary.index),
+        "largest_path_change": paths.groupby("change").change_.max().reindex(summary.index),
+        "largest_gain_gap": gap.reindex(summary.index),
+    })
+    floor = out.axis.map(lambda axis: SEARCH_PATH_FLOOR if axis in SEARCH_AXES else -math.inf)
+    # A missing value (no pair measured it) is no evidence of negligibility: the comparisons below are then False.
+    out["path"] = (out.largest_path_change <= NEGLIGIBLE_PATH) & (out.lowest_path >= floor)
+    out["heldout"] = out.largest_gain_gap <= TOLERANCE
+    out["same_quality"] = out.medians & out.path & out.heldout
+    out["same_time"] = out.time.between(*NEGLIGIBLE_TIME)
+    return out
+
+
+#: How the advice judges that a change does not matter, said once below its statements.
+NEGLIGIBLE_RULE = (f"a change counts as not mattering to quality when, on every dataset, its median effect over "
+                   f"pairs of runs keeps optimality within ±{NEGLIGIBLE_OPTIMALITY} and the held-out decrease within "
+                   f"±{NEGLIGIBLE_HELDOUT_PCT}% of the held-out loss, the two sides' mean held-out gains are within "
+                   f"{100 * TOLERANCE:g}% of each other, and on every pair path efficiency moves by at most "
+                   f"{NEGLIGIBLE_PATH} (for a change of the line search, no run below {SEARCH_PATH_FLOOR:g}); and to "
+                   "time when the median time ratio over all pairs is within ±10%.")
+
+
 def _ablation_statements(frame: pd.DataFrame) -> list[str]:
     """The one-axis changes that change neither quality nor time, and those that change only time, on every dataset
-    with pairs of runs (a change that matters on one dataset matters: medians pooled over datasets would hide it)."""
+    with pairs of runs (a change that matters on one dataset matters: medians pooled over datasets would hide it),
+    by :func:`negligible_changes`."""
     pairs = ablation_pairs(frame)
     if pairs.empty:
         return []
-    summary = ablation_summary(pairs)
-    per_dataset = pairs.groupby(["change", "dataset"])[["d_optimality", "d_heldout_pct"]].median()
-    quality_moves = ((per_dataset.d_optimality.abs() > NEGLIGIBLE_OPTIMALITY)
-                     | (per_dataset.d_heldout_pct.abs() > NEGLIGIBLE_HELDOUT_PCT)).groupby(level="change").any()
-    same_quality = ~quality_moves.reindex(summary.index, fill_value=True)
-    same_time = summary.time.between(*NEGLIGIBLE_TIME)
+    checked = negligible_changes(pairs)
     out = []
-    if (same_quality & same_time).any():
-        changes = [_change(c) for c in summary.index[same_quality & same_time]]
-        out.append(f"the {' and the '.join(changes)}: neither quality nor time changes (on every dataset, the "
-                   f"median over pairs of runs: optimality within ±{NEGLIGIBLE_OPTIMALITY}, held-out decrease within "
-                   f"±{NEGLIGIBLE_HELDOUT_PCT}% of the held-out loss; time within ±10% over all pairs).")
-    time_only = summary[same_quality & ~same_time]
+    neither = checked[checked.same_quality & checked.same_time]
+    if len(neither):
+        out.append(f"the {' and the '.join(_change(c) for c in neither.index)}: neither quality nor time changes.")
+    time_only = checked[checked.same_quality & ~checked.same_time]
     if len(time_only):
         out.append("only the time, not the quality, changes with the "
                    + "; the ".join(_change(c, f"time ×{r.time:.2g}") for c, r in time_only.iterrows()) + ".")
@@ -153,8 +212,9 @@ def advice_section(frame: pd.DataFrame | None, rec: Recommendation | None, error
               *(_training_exceptions(training) if training is not None else [])]
     if prefer:
         items.append(Bullet((Span("Prefer something else", "strong"), ":"), tuple(prefer)))
-    moot = [*(_ablation_statements(frame) if frame is not None else []),
-            *(_training_settings(training) if training is not None else [])]
+    changes = _ablation_statements(frame) if frame is not None else []
+    moot = [*changes, *(_training_settings(training) if training is not None else []),
+            *([NEGLIGIBLE_RULE] if changes else [])]
     if moot:
         items.append(Bullet((Span("What does not matter", "strong"), ":"), tuple(moot)))
     intro = Paragraph.of("What the data below say, in short; every number is a median, explained in the "

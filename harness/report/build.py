@@ -10,7 +10,12 @@ Writes, under ``out``:
 - ``recommendation.json``: the default-strategy recommendation (``harness.recommend``);
 - ``training_summary.csv``: when the database holds ``growbench train`` runs, one line per
   dataset × training variant (:func:`harness.report.train_runs.training_table`), and the section
-  "Growth during training" in both reports.
+  "Growth during training" in both reports;
+- ``.growbench-report.json``: the list of these files (:mod:`harness.report.output`).
+
+Every file is built in memory and written only once the whole report is: atomically, never through a
+symlink (one in the folder is refused before anything is written). The files an earlier report wrote
+and this one does not are removed, and said on stderr; no other file in the folder is touched.
 
 A database with training runs but no successful growth-sweep run gets a report of the
 training section alone. Both pages render one :class:`~harness.report.sections.Report`
@@ -38,7 +43,7 @@ from harness.report.figures.lambda_curves import loss_along_lambda
 from harness.report.figures.pareto import pareto
 from harness.report.figures.timing import breakdown, devices, scaling
 from harness.report.names import NAMING
-from harness.report.output import remove_stale, write_figure, write_recommendation
+from harness.report.output import FIXED_FILES, ReportFiles, check_report_folder, recommendation_json
 from harness.report.render import render_html, render_markdown
 from harness.report.sections import Paragraph, Report, Section, figure_section
 from harness.report.sweep import (
@@ -64,6 +69,7 @@ from harness.report.training import (
     training_link,
     training_sections,
 )
+from harness.store.dbfile import DatabaseFileError
 
 # The growth sweep's figures after the Pareto front (which also needs the recommendation), in report order.
 SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], FigureResult], ...] = (
@@ -76,27 +82,27 @@ def _failed(what: str, error: Exception) -> None:
     traceback.print_exc(file=sys.stderr)
 
 
-def _training(db, out: Path) -> tuple[TrainingSection | None, list[Path], str | None]:
-    """The training section of ``db`` (None without a successful training run), its CSV, and the
+def _training(db, files: ReportFiles) -> tuple[TrainingSection | None, str | None]:
+    """The training section of ``db`` (None without a successful training run), with its CSV staged, and the
     ``growbench train`` command that regenerates the runs when they are exactly a preset's."""
     runs, curves = load_training(db)
     if not has_training(runs):
-        return None, [], None
+        return None, None
     section = build_training(runs, curves)
-    section.table.to_csv(out / "training_summary.csv", index=False)
     presets = infer_train_preset(runs)
     which = (f"the '{presets[0]}' training preset's" if presets and len(presets) == 1 else
              f"the {' and '.join(repr(q) for q in presets or [])} training presets'")
     command = "\n".join(f"growbench train --preset {p} --db {shlex.quote(str(db))}   # the training runs: exactly "
                         f"{which}" for p in presets) if presets else None
-    return section, [out / "training_summary.csv"], command
+    files.add_table("training_summary.csv", section.table)  # last: a section that failed leaves no CSV
+    return section, command
 
 
-def _sweep_figures(frame: pd.DataFrame, rec: Recommendation | None, figdir: Path, svg: bool,
-                   written: list[Path]) -> list[FigureResult]:
-    """Draw and write each figure of the growth sweep (one at a time: each is closed once written)."""
+def _sweep_figures(frame: pd.DataFrame, recs: dict[str, Recommendation], files: ReportFiles,
+                   svg: bool) -> list[FigureResult]:
+    """Draw and stage each figure of the growth sweep (one at a time: each is closed once rendered)."""
     def front(f: pd.DataFrame) -> FigureResult:
-        return pareto(f, rec.spec if rec else None, bool(rec and rec.fallback))
+        return pareto(f, regimes=recs)  # each panel stars its own regime's choice
 
     results = []
     for name, make in (("pareto", front), *((m.__name__, m) for m in SWEEP_FIGURES)):
@@ -105,33 +111,34 @@ def _sweep_figures(frame: pd.DataFrame, rec: Recommendation | None, figdir: Path
         except Exception as e:  # noqa: BLE001 - one figure's failure must not lose the report
             _failed(f"figure {name}", e)
             result = not_drawn(name, e)
-        written += write_figure(result, figdir, svg)
+        files.add_figure(result, svg)
         results.append(result)
     return results
 
 
-def _write_pages(out: Path, report: Report) -> list[Path]:
-    (out / "report.html").write_text(render_html(report))
-    (out / "report.md").write_text(render_markdown(report))
-    return [out / "report.html", out / "report.md"]
-
-
-def _done(written: list[Path], figures: list[FigureResult], notes: list[str]) -> dict:
+def _done(files: ReportFiles, report: Report, figures: list[FigureResult], notes: list[str]) -> dict:
+    """Stage both pages, write every file, remove the earlier report's stale ones; what the report did."""
+    files.add("report.html", render_html(report))
+    files.add("report.md", render_markdown(report))
+    written, removed = files.write()
+    if removed:
+        print(f"growbench report: removed {len(removed)} file(s) the previous report in {files.out} wrote and this "
+              f"one does not: {', '.join(removed)}", file=sys.stderr)
     return {"files": [str(p) for p in written], "figures": [r.name for r in figures if r.fig is not None],
-            "notes": [f"{r.name}: {r.note}" for r in figures if r.fig is None] + notes}
+            "notes": [f"{r.name}: {r.note}" for r in figures if r.fig is None] + notes,
+            "removed": [str(files.out / name) for name in removed]}
 
 
-def _training_only(db, out: Path, figdir: Path, svg: bool, command: str, sweep_error: str) -> dict:
+def _training_only(db, files: ReportFiles, svg: bool, command: str, sweep_error: str) -> dict:
     """The report of a database with training runs and no successful growth-sweep run."""
-    training, written, train_command = _training(db, out)
+    training, train_command = _training(db, files)
     for r in training.figures:
-        written += write_figure(r, figdir, svg)
-    remove_stale(out, figdir, written)
+        files.add_figure(r, svg)
     report = Report("growbench report", f"{train_command}\n{command}" if train_command else command,
                     datetime.now(UTC).isoformat(timespec="seconds"), training_sections(training),
                     advice=advice_section(None, None, None, training), source=str(db),
                     preamble=[Paragraph.of(f"No growth-sweep section: {sweep_error}.", style="note")])
-    return _done(written + _write_pages(out, report), training.figures, [])
+    return _done(files, report, training.figures, [])
 
 
 def _recommendations(frame: pd.DataFrame, device: str | None
@@ -167,26 +174,30 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
     growth-sweep run, the report has that section only.
 
     Raises :class:`harness.recommend.NoResults` (a ``ValueError``) when the database is missing,
-    empty or holds no successful run (of the growth sweep, nor of training).
+    empty or holds no successful run (of the growth sweep, nor of training), and
+    :class:`harness.files.OutputFileError` (a ``ValueError``), before anything is written, when ``out``,
+    ``out/figures`` or a file the report writes is a symlink (:func:`~.output.check_report_folder`).
     """
     out = Path(out)
+    check_report_folder(out, FIXED_FILES)  # before the work; every file is checked again before anything is written
+    files = ReportFiles(out)
     try:
         frame = load_frame(db)
     except NoResults as e:
         if not has_training(load_training(db)[0]):
             raise
         frame, sweep_error = None, str(e)
-    figdir = out / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
     command = command or f"growbench report --db {shlex.quote(str(db))} --out {shlex.quote(str(out))}"
     if frame is None:
-        return _training_only(db, out, figdir, svg, command, sweep_error)
+        return _training_only(db, files, svg, command, sweep_error)
     notes = []
     try:
-        training, written, train_command = _training(db, out)
+        training, train_command = _training(db, files)
+    except DatabaseFileError:
+        raise  # the user's file is at fault, not the report: one line, exit 2, like the sweep's table
     except Exception as e:  # noqa: BLE001 - the training section's failure must not lose the sweep's report
         _failed("training section", e)
-        training, written, train_command = None, [], None
+        training, train_command = None, None
         notes.append(f"training: the section could not be built: {type(e).__name__}: {e}")
     preset = infer_sweep(frame)
     command = f"{train_command}\n{command}" if train_command else command
@@ -195,14 +206,13 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
                    f"its runs are exactly the '{preset}' sweep's\n{command}")
 
     recs, rec, rec_error = _recommendations(frame, device)
-    results = _sweep_figures(frame, rec, figdir, svg, written)
+    results = _sweep_figures(frame, recs, files, svg)
     train_figures = training.figures if training else []
     for r in train_figures:
-        written += write_figure(r, figdir, svg)
+        files.add_figure(r, svg)
     summary = summary_table(frame)
-    summary.to_csv(out / "summary.csv", index=False)
-    written += [out / "summary.csv", write_recommendation(out / "recommendation.json", recs, rec_error, str(db))]
-    remove_stale(out, figdir, written)
+    files.add_table("summary.csv", summary)
+    files.add("recommendation.json", recommendation_json(recs, rec_error, str(db)))
 
     regime_sections = [section for i, r in enumerate(recs.values() or [None])
                        for section in recommendation_sections(r, rec_error, "recommendation" if i == 0 else "")]
@@ -212,4 +222,4 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
     report = Report("growbench ablation report", command, datetime.now(UTC).isoformat(timespec="seconds"), sections,
                     advice=advice_section(frame, rec, rec_error, training), preamble=[Paragraph.of(NAMING)],
                     lead=[what_to_use_section(recs, rec_error)])
-    return _done(written + _write_pages(out, report), results + train_figures, notes)
+    return _done(files, report, results + train_figures, notes)

@@ -1,8 +1,13 @@
 """The report's two renderings of one :class:`~harness.report.sections.Report`: a self-contained HTML page
 and Markdown, from the Jinja2 templates ``templates/report.html.j2`` and ``templates/report.md.j2``.
 
-HTML escaping is Jinja2's autoescape: every string from the database is escaped. Markdown has no
-such mode, so its template passes every text through :func:`markdown_text`.
+HTML escaping is Jinja2's autoescape (on for every ``*.html.j2`` template): every string from the
+database is escaped. Markdown has no such mode, so its template passes every text through a filter
+of this module: :func:`markdown_text` for prose and table cells, :func:`markdown_code` for a code span,
+:func:`markdown_link` for a link's target and :func:`markdown_fence` for a fenced block's fence. Names,
+paths and error texts from the database (or from a plugin's component names) then give no raw HTML,
+end no code span or fence early and start no new block, whatever backticks, blank lines or markup
+they hold.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+import urllib.parse
 
 import jinja2
 
@@ -22,15 +28,41 @@ ENVIRONMENT = jinja2.Environment(
 )
 
 
+# Markdown's line endings (CommonMark: LF, CR LF, CR): one in a text would start a new line, two a new block.
+_LINE_BREAK = re.compile(r"\r\n?|\n")
+
+
+def _one_line(text: object) -> str:
+    return _LINE_BREAK.sub(" ", "" if text is None else str(text))
+
+
 def markdown_text(text: object) -> str:
-    """Text from the database made inert in Markdown (no HTML, no table breaks, no emphasis, no links)."""
-    return (html.escape("" if text is None else str(text), quote=False).replace("|", r"\|").replace("`", r"\`")
-            .replace("*", r"\*").replace("[", r"\[").replace("\n", " "))
+    """Text from the database made inert in Markdown: one line (a blank line would end the block), no HTML
+    (``<``, ``>``, ``&`` as entities), no table breaks, emphasis, code spans or links (backslash-escaped)."""
+    return (html.escape(_one_line(text), quote=False).replace("\\", "\\\\").replace("|", r"\|")
+            .replace("`", r"\`").replace("*", r"\*").replace("[", r"\["))
 
 
 def markdown_code(text: object) -> str:
-    """Text for a Markdown code span: backticks removed (they would end it)."""
-    return str(text).replace("`", "")
+    """A whole Markdown code span of ``text``, delimiters included: on one line, its backticks kept.
+
+    The span is delimited by one backtick more than the longest run in the text (CommonMark), so that
+    no backtick in it ends it; inside a code span ``<`` and ``&`` are literal, never HTML.
+    """
+    text = _one_line(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""  # a backtick next to the fence would join it
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def markdown_link(target: object) -> str:
+    """A link's target (a file beside the report), percent-encoded: spaces, brackets and markup cannot end it."""
+    return urllib.parse.quote(_one_line(target), safe="/._-~")
+
+
+def markdown_fence(text: object) -> str:
+    """The fence of a fenced code block holding ``text``: backticks, longer than any run in it (at least 3)."""
+    return "`" * max(3, max((len(run) + 1 for run in re.findall(r"`+", str(text))), default=0))
 
 
 def markdown_anchor(title: str) -> str:
@@ -44,7 +76,8 @@ def base64_text(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-ENVIRONMENT.filters.update(md=markdown_text, md_code=markdown_code, md_anchor=markdown_anchor, b64=base64_text)
+ENVIRONMENT.filters.update(md=markdown_text, md_code=markdown_code, md_link=markdown_link, md_fence=markdown_fence,
+                           md_anchor=markdown_anchor, b64=base64_text)
 
 
 def render_html(report: Report) -> str:

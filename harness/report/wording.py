@@ -44,6 +44,28 @@ def times(factor: float) -> str:
     return f"{factor:.1f}×" if factor < 10 else f"{factor:.0f}×"
 
 
+#: Units of a duration, each with its size in ms and the value from which the next unit takes over.
+_TIME_UNITS = (("µs", 1e-3, 1000), ("ms", 1.0, 1000), ("s", 1e3, 60), ("min", 6e4, 60), ("h", 3.6e6, math.inf))
+
+
+def duration(ms: float | None) -> str:
+    """A duration given in milliseconds, three significant digits in the unit that keeps it readable.
+
+    Examples
+    --------
+    >>> duration(0.25), duration(12.34), duration(3240.0), duration(95_000.0)
+    ('250 µs', '12.3 ms', '3.24 s', '1.58 min')
+    """
+    if ms is None or not math.isfinite(ms):
+        return "n/a"
+    if ms == 0:
+        return "0 ms"
+    # The first unit in which the rounded value stays below the next unit's: 999.7 ms is "1 s", not "1e+03 ms".
+    unit, size = next((unit, size) for unit, size, next_from in _TIME_UNITS[0 if abs(ms) < 1 else 1:]
+                      if abs(float(f"{ms / size:.3g}")) < next_from)
+    return f"{ms / size:.3g} {unit}"
+
+
 def listing(items: list[str]) -> str:
     """Items joined by commas, or ``none``."""
     return ", ".join(items) if items else "none"

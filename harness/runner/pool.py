@@ -1,37 +1,53 @@
 """The runner core: a sweep's pending runs, the workers that run them, each stored as it finishes.
 
-Runs are done in workers (in-process, joblib processes or a Dask cluster) and written
+Runs are done in workers (in-process, local worker processes or a Dask cluster) and written
 by this process only, one committed row (or run) per finished run, so that a killed
 sweep keeps everything it finished and resumes from there.
+
+A run that kills its worker process (a segfault, the out-of-memory killer) or outlives
+``run_timeout`` becomes a ``failed`` row naming it, written here like any other failure:
+the other runs go on, and ``resume`` skips it unless asked to retry failures.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import BrokenExecutor, TimeoutError, as_completed
 from functools import partial
+from typing import Any
 
 import pandas as pd
 import torch
-from joblib import Parallel, delayed
+from pebble import ProcessExpired, ProcessPool
 from tqdm.auto import tqdm
 
-from harness.env import DEFAULT_THREADS, code_version
+from harness.env import DEFAULT_THREADS, code_version, config_key, environment, now
 from harness.plugins import import_modules
 from harness.store.base import RunStore
+from harness.validate import ConfigError, check_float
 from strategies.registry import outside_modules
 
 #: ``run(config, threads=n) -> row``: one run of a configuration (as a dict) in a worker; never raises.
 RunFunction = Callable[..., dict]
+#: ``cost(config) -> float``: a run's expected cost relative to the others' (any positive unit).
+CostFunction = Callable[[dict], float]
+#: "joblib" is the local worker processes' backend (the name is kept from when joblib ran them).
 BACKENDS = ("joblib", "dask")
+#: Fresh pools tried in a row that end without finishing any run before the sweep gives up (workers that
+#: cannot even start would otherwise be restarted for ever).
+POOL_ATTEMPTS = 3
 
 
 def run_pending(db: RunStore, configs: list, run: RunFunction, *, jobs: int = 1, threads: int = DEFAULT_THREADS,
                 resume: bool = False, retry_failed: bool = False, progress: bool = True, backend: str = "joblib",
-                scheduler: str | None = None, what: str = "runs") -> pd.DataFrame:
+                scheduler: str | None = None, what: str = "runs", run_timeout: float | None = None,
+                cost: CostFunction | None = None) -> pd.DataFrame:
     """Run what :func:`pending` leaves to do, store each run in ``db`` as it finishes; return this sweep's rows.
 
     Parameters
@@ -48,23 +64,63 @@ def run_pending(db: RunStore, configs: list, run: RunFunction, *, jobs: int = 1,
     progress : bool
         Show a progress bar.
     backend : {"joblib", "dask"}
+        Local worker processes, or a Dask cluster.
     scheduler : str, optional
         Address of an existing Dask scheduler; default a local in-process cluster.
     what : str
         What the runs are called in messages.
+    run_timeout : float, optional
+        Seconds a run may take, from when a worker starts it, before the worker is stopped and the run
+        stored as failed; default no limit. Runs then go to worker processes even with ``jobs == 1``
+        (a run in this process cannot be stopped).
+    cost : CostFunction, optional
+        Each run's relative cost, which weights the progress bar's estimate of the time left
+        (e.g. :func:`harness.runner.cost.sweep_cost`); default every run costs the same.
 
     Returns
     -------
     pandas.DataFrame
         The stored rows of this sweep's configurations (those run now and those resumed), those
         skipped for an absent device left out.
+
+    Raises
+    ------
+    harness.validate.ConfigError
+        ``run_timeout`` is not a positive finite number, or is given with the Dask backend.
+    ChildProcessError
+        The worker processes cannot start (:func:`in_processes`).
     """
+    run_timeout = check_run_timeout(run_timeout, backend)
     configs, todo, version = pending(configs, db, resume, retry_failed, what)
-    rows = finished(run, [c.as_dict() for c in todo], jobs, threads, backend, scheduler)
-    store_as_finished(db, rows, len(todo), progress)
+    todo = [c.as_dict() for c in todo]
+    cost = cost or _same_cost
+    rows = finished(run, todo, jobs, threads, backend, scheduler, run_timeout)
+    try:
+        store_as_finished(db, rows, sum(cost(c) for c in todo), progress, cost=cost)
+    finally:
+        rows.close()  # an interrupted sweep stops its workers now, not when the generator is collected
     keys = {c.key(version) for c in configs}
     frame = db.frame()
     return frame[frame.key.isin(keys)].reset_index(drop=True)
+
+
+def check_run_timeout(run_timeout: Any, backend: str = "joblib") -> float | None:
+    """``run_timeout`` as a positive finite number of seconds, or None (no limit).
+
+    Raises
+    ------
+    harness.validate.ConfigError
+        Not a positive finite number, or given with the Dask backend, whose threads cannot be stopped.
+    """
+    if run_timeout is None:
+        return None
+    seconds = check_float("run_timeout", run_timeout, 0)
+    if seconds == 0:
+        raise ConfigError("run_timeout", f"run_timeout must be a finite number > 0, got {run_timeout!r}")
+    if backend == "dask":
+        raise ConfigError("run_timeout", "a run timeout needs the local worker processes (backend joblib): "
+                                         "a Dask worker cannot stop a run")
+    return seconds
 
 
 def pending(configs: list, db: RunStore, resume: bool, retry_failed: bool,
@@ -86,7 +142,7 @@ def pending(configs: list, db: RunStore, resume: bool, retry_failed: bool,
 
 
 def finished(run: RunFunction, todo: list[dict], jobs: int, threads: int, backend: str = "joblib",
-             scheduler: str | None = None) -> Iterator[dict]:
+             scheduler: str | None = None, run_timeout: float | None = None) -> Iterator[dict]:
     """Rows of ``run`` over ``todo`` with ``backend``, in completion order.
 
     Raises
@@ -97,7 +153,7 @@ def finished(run: RunFunction, todo: list[dict], jobs: int, threads: int, backen
     if backend == "dask":
         yield from in_dask(run, todo, threads, scheduler)
     elif backend == "joblib":
-        yield from in_workers(run, todo, jobs, threads)
+        yield from in_workers(run, todo, jobs, threads, run_timeout)
     else:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
@@ -115,21 +171,112 @@ def in_dask(run: RunFunction, todo: list[dict], threads: int, scheduler: str | N
         client.close()
 
 
-def in_workers(run: RunFunction, todo: list[dict], jobs: int, threads: int = DEFAULT_THREADS) -> Iterator[dict]:
-    """``run(config, threads=threads)`` for each config, here (``jobs == 1``) or in joblib processes; rows as they
-    finish.
+def in_workers(run: RunFunction, todo: list[dict], jobs: int, threads: int = DEFAULT_THREADS,
+               run_timeout: float | None = None) -> Iterator[dict]:
+    """``run(config, threads=threads)`` for each config, here or in worker processes; rows as they finish.
 
-    ``threads`` is the torch thread count of each run, in this process or in each
-    worker: one by default, since at these sizes a worker's extra threads only fight
-    the other workers (and other users of the machine) for the same cores.
+    Here when ``jobs == 1`` and there is no ``run_timeout`` (a run that crashes this process
+    then ends the sweep); otherwise in ``jobs`` worker processes (:func:`in_processes`),
+    where a run that kills its worker or outlives ``run_timeout`` becomes a failed row.
+    ``threads`` is the torch thread count of each run, in this process or in each worker:
+    one by default, since at these sizes a worker's extra threads only fight the other
+    workers (and other users of the machine) for the same cores.
     """
-    if jobs == 1:
+    if jobs == 1 and run_timeout is None:
         for c in todo:
             yield run(c, threads=threads)
         return
+    yield from in_processes(run, todo, jobs, threads, run_timeout)
+
+
+def in_processes(run: RunFunction, todo: list[dict], jobs: int, threads: int = DEFAULT_THREADS,
+                 run_timeout: float | None = None) -> Iterator[dict]:
+    """``run`` over ``todo`` in ``jobs`` worker processes (pebble); rows as they finish, one for every config.
+
+    A worker that dies (a signal, an exit) or is stopped after ``run_timeout`` seconds gives
+    its run a failed row (:func:`lost_row`) and is replaced; the other runs go on. A pool that
+    breaks (a worker dying while no run is under way, which pebble cannot attribute) is
+    replaced, and the runs it had not finished are run again in the new one.
+
+    Workers are forked from a server process (:func:`worker_context`), not from this one: a
+    fork of this process would copy its threads' locks (the pool's own threads, tqdm's,
+    torch's) in whatever state they are in. They exit as soon as this process is gone
+    (:func:`watch_parent`).
+
+    Raises
+    ------
+    ChildProcessError
+        :data:`POOL_ATTEMPTS` fresh pools in a row broke before finishing a run: the workers cannot start.
+    """
     worker_run = with_plugins(run)
-    yield from Parallel(n_jobs=jobs, return_as="generator_unordered")(
-        delayed(in_orphan_safe_worker)(worker_run, c, threads=threads) for c in todo)
+    left, attempts = list(todo), 0
+    while left:
+        pool = ProcessPool(max_workers=min(jobs, len(left)), initializer=watch_parent, context=worker_context())
+        lost, broken = [], None
+        try:
+            futures = {pool.schedule(worker_run, args=(c,), kwargs={"threads": threads}, timeout=run_timeout): c
+                       for c in left}
+            for future in as_completed(futures):
+                config, error = futures[future], future.exception()
+                if isinstance(error, BrokenExecutor):
+                    lost.append(config)
+                    broken = error
+                    continue
+                attempts = 0
+                yield future.result() if error is None else lost_row(config, _why(error, config, run_timeout),
+                                                                     threads)
+        finally:
+            pool.stop()
+            pool.join()
+        attempts += bool(lost)
+        if attempts >= POOL_ATTEMPTS:
+            raise ChildProcessError(f"worker processes broke {attempts} times without finishing a run "
+                                    f"({len(lost)} runs not run): {broken}")
+        left = lost
+
+
+def _why(error: BaseException, config: dict, run_timeout: float | None) -> str:
+    """The error text of a run whose worker did not return its row."""
+    if isinstance(error, TimeoutError):
+        return f"timed out after {run_timeout:g} s: its worker was stopped ({describe(config)})"
+    if isinstance(error, ProcessExpired):
+        code = error.exitcode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:  # a real-time signal has a number only
+                name = f"signal {-code}"
+            # SIGKILL is what the out-of-memory killer sends: say so, it is the likely cause.
+            hint = " (the out-of-memory killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+            how = f"killed by {name}{hint}"
+        else:
+            how = f"exited with code {code}"
+        return f"worker process died running {describe(config)}: {how}"
+    return f"{type(error).__name__}: {error}"
+
+
+def lost_row(config: dict, error: str, threads: int) -> dict:
+    """The failed row of a run whose worker did not return one: its configuration, key, environment and ``error``.
+
+    The key is the one the worker's own row would have had, so that ``resume`` skips the run
+    (and ``retry_failed`` reruns it) like any other failure.
+    """
+    version = code_version()
+    return {**config, **environment(config.get("device", "cpu")), "threads": threads,
+            "key": config_key(config, version), "started_at": None, "finished_at": now(), "status": "failed",
+            "error": error}
+
+
+def describe(config: dict, width: int = 32) -> str:
+    """A short name of a run: its dataset, strategy (or training method) and seed, each cut to ``width``."""
+    def cut(text: Any) -> str:
+        text = str(text)
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    parts = [cut(config[k]) for k in ("dataset", "strategy", "method") if config.get(k) is not None]
+    if config.get("seed") is not None:
+        parts.append(f"seed {config['seed']}")
+    return " ".join(parts)
 
 
 def with_plugins(run: RunFunction) -> RunFunction:
@@ -149,28 +296,41 @@ def _run_with_plugins(run: RunFunction, modules: tuple[str, ...], config: dict, 
     return run(config, **kwargs)
 
 
+#: Modules the server of worker processes imports once, so that a worker (a fork of it) starts without
+#: importing torch and the project again: seconds per worker, and again for each one replaced.
+PRELOAD = ("harness.runner.pool", "harness.measure", "harness.train")
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context of the worker processes: ``forkserver`` (with :data:`PRELOAD`), else ``spawn``.
+
+    The server is a fresh single-threaded process, started once by the first pool of this
+    process; it exits when this process does, and so do its workers (:func:`watch_parent`).
+    Run functions are sent to workers by reference: they must be importable (module-level).
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))  # no effect once the server runs: it has them already
+    return context
+
+
 #: Seconds between a worker's checks that its parent is alive.
 ORPHAN_POLL_S = 0.5
 
 
-def in_orphan_safe_worker(fn: Callable, *args, **kwargs):
-    """``fn(*args, **kwargs)`` in a joblib worker that exits as soon as its parent process is gone.
+def watch_parent() -> None:
+    """Start, in a worker process, a daemon thread that ends the worker as soon as its parent is gone.
 
-    joblib's workers wait for their next task long after a SIGKILLed parent (88 s and
-    more were seen), holding memory and cores. A daemon thread, started once per worker
-    process, polls the parent's pid and ends the worker when it changes (the orphan is
-    re-parented). A polling thread rather than ``prctl(PR_SET_PDEATHSIG)``: that signal
-    follows the *thread* that spawned the worker, which in joblib is not the main one.
+    A worker busy with a long run would otherwise finish it (minutes, holding memory and
+    cores) after a SIGKILLed sweep, which can no longer store it. The parent is the sweep's
+    process, or the server it forks workers from, which exits with it. The thread polls
+    the parent's pid and exits when it changes (the orphan is re-parented). A polling
+    thread rather than ``prctl(PR_SET_PDEATHSIG)``: that signal follows the *thread* that
+    started the worker, which is not the main one.
     """
-    global _watched_parent
-    if _watched_parent is None:
-        _watched_parent = os.getppid()
-        threading.Thread(target=_exit_when_orphaned, args=(_watched_parent,), daemon=True,
-                         name="growbench-orphan-watch").start()
-    return fn(*args, **kwargs)
-
-
-_watched_parent: int | None = None
+    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True,
+                     name="growbench-orphan-watch").start()
 
 
 def _exit_when_orphaned(parent: int) -> None:
@@ -179,16 +339,41 @@ def _exit_when_orphaned(parent: int) -> None:
     os._exit(1)  # no cleanup: the parent that would read our results is gone
 
 
-def store_as_finished(db: RunStore, rows: Iterable[dict], total: int, progress: bool = True) -> int:
-    """Write each row to ``db`` as it arrives (one commit per run), with a progress bar; return the failures."""
-    bar = tqdm(total=total, disable=not progress, unit="run", dynamic_ncols=True)
-    failed = 0
+def _same_cost(config: dict) -> float:
+    return 1.0
+
+
+def store_as_finished(db: RunStore, rows: Iterable[dict], total: float, progress: bool = True,
+                      cost: CostFunction | None = None) -> int:
+    """Write each row to ``db`` as it arrives (one commit per run), with a progress bar; return the failures.
+
+    Parameters
+    ----------
+    db : RunStore
+    rows : iterable of dict
+        Rows in the order the runs finish.
+    total : float
+        The sum of ``cost`` over the runs to come (their number when ``cost`` is None).
+    progress : bool
+        Show the bar: the share of the expected work done, its estimate of the time left
+        (weighted by ``cost``), the runs done and failed, and the run that just finished.
+    cost : CostFunction, optional
+        A run's relative cost, read from its row (a row holds its configuration's fields); default 1.
+    """
+    cost = cost or _same_cost
+    # The bar counts cost, not runs: its own count and rate would be in an arbitrary unit, so it shows the
+    # share done and the time left, and the runs in its postfix.
+    bar = tqdm(total=total, disable=not progress, dynamic_ncols=True,
+               bar_format="{percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}] {desc}")
+    done = failed = 0
     try:
         for row in rows:
             db.write(row)
+            done += 1
             failed += row["status"] != "ok"
-            bar.set_postfix(failed=failed, refresh=False)
-            bar.update()
+            bar.set_description_str(describe(row), refresh=False)
+            bar.set_postfix_str(f"{done} done, {failed} failed", refresh=False)
+            bar.update(cost(row))
     finally:
         bar.close()
     return failed

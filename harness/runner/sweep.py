@@ -18,7 +18,8 @@ import strategies
 from datasets import DATASETS, PRETRAINED_DATASETS
 from harness.env import DEFAULT_THREADS
 from harness.measure import HELDOUT_BATCHES, RunConfig, run_one
-from harness.runner.pool import run_pending
+from harness.runner.cost import sweep_cost
+from harness.runner.pool import check_run_timeout, run_pending
 from harness.store.results import ResultsDB
 from harness.validate import ConfigError, check_jobs, check_runs, check_threads, dataset_class
 from strategies.line_search import METHODS
@@ -43,6 +44,11 @@ _PRESET_STRATEGIES = ["formula1", "formula2", "formula3", "formula4", "joint", "
 #: step that judges itself by data it was not fitted to (docs/mathematics.md §5.4): a ridge chosen by split
 #: halves, λ on the loss without its in-sample optimism.
 ABLATION_CENTRE = "gram/ridge/full+metric/normal+shrink:bracket"
+
+
+def _rsvd(spec: str) -> str:
+    """``spec`` with the randomised truncation: what the real model's width calls for."""
+    return str(strategies.Spec.parse(spec).replace(truncation="rsvd"))
 
 
 def one_axis_variants(spec: str) -> list[str]:
@@ -95,13 +101,16 @@ def scale_grids(devices: list[str], widths: list[int] | None = None, seeds: list
 
 #: Candidates on the real pretrained model: the scale set's, and the formulas and joint as references.
 PRETRAINED_STRATEGIES = [*SCALE_CANDIDATES, "formula1", "formula2", "joint"]
-#: The quick sweep's candidates for the default at d_e = 384 (cpu, 128 < d_e ≤ 1024): each judging component alone
-#: and together, and the earlier default; joint is left out (its CG alone takes 10-15 s a run).
-QUICK_PRETRAINED_STRATEGIES = ["gram/ridge/rsvd+metric/normal+shrink:bracket", "gram/ridge/rsvd+metric/normal:bracket",
-                               "gram/ridge/rsvd+metric/normal+holdout:bracket", "gram/solve/rsvd+metric/normal:bracket",
-                               "gram/solve/rsvd+metric/normal+shrink:bracket"]
-#: References on the real model, one seed: the formulas the report compares with.
-QUICK_PRETRAINED_REFERENCES = ["formula1", "formula2"]
+#: The quick sweep's candidates for the default at d_e = 384 (cpu, 128 < d_e ≤ 1024): the ablation's centre, the
+#: centre without its shrinkage (what the shrinkage buys), and the earlier default (the plain solve). Each run costs
+#: seconds there: the main job's 20 minutes allow these three.
+QUICK_PRETRAINED_STRATEGIES = [_rsvd(ABLATION_CENTRE), _rsvd(ABLATION_CENTRE.replace("+shrink", "")),
+                               "gram/solve/rsvd+metric/normal:bracket"]
+#: The thorough sweep's candidates there: each judging component alone and together, and the earlier default.
+THOROUGH_PRETRAINED_STRATEGIES = [*QUICK_PRETRAINED_STRATEGIES, "gram/ridge/rsvd+metric/normal+holdout:bracket",
+                                  "gram/solve/rsvd+metric/normal+shrink:bracket"]
+#: References on the real model, one seed: the formulas the report compares with (thorough sweep).
+PRETRAINED_REFERENCES = ["formula1", "formula2"]
 #: Seeds of the small band's comparisons (a run costs milliseconds there). Eight seeds give the paired t interval
 #: 7 degrees of freedom (t = 2.36 against 4.30 with three): the power estimate in the report says what they resolve.
 RULE_SEEDS = list(range(8))
@@ -110,9 +119,11 @@ PRETRAINED_SEEDS = [0, 1, 2]
 #: Test batches of the held-out measure per dataset where the default (16) is not enough: in-context regression
 #: scores one query per sequence, so its held-out loss needs 64 batches of 64 sequences to resolve a 1 % change.
 HELDOUT_BATCHES_FOR = {"icl-regression": 64}
-#: Heads of all-MiniLM-L6-v2 (layer, head) in the quick sweep: an early and a late one. The contrastive
-#: task uses the last: a late layer reruns fewer layers per loss call.
-QUICK_HEADS = [(1, 3), (4, 7)]
+#: Heads of all-MiniLM-L6-v2 (layer, head) in the quick sweep: a late one, which reruns fewer layers per loss
+#: call; the contrastive task uses the last head of the list.
+QUICK_HEADS = [(4, 7)]
+#: The thorough sweep adds an early head.
+THOROUGH_HEADS = [(1, 3), (4, 7)]
 #: Every layer, two heads each, for the full and gpu sweeps.
 ALL_HEADS = [(layer, head) for layer in range(6) for head in (layer % 12, (layer + 6) % 12)]
 
@@ -151,11 +162,6 @@ def statistics_tokens_grids(devices: list[str], n_batches: list[int], seeds: lis
     return small + real
 
 
-def _rsvd(spec: str) -> str:
-    """``spec`` with the randomised truncation: what the real model's width calls for."""
-    return str(strategies.Spec.parse(spec).replace(truncation="rsvd"))
-
-
 def sweep_presets() -> dict[str, list[dict]]:
     """Named sweeps: each a list of grids (dicts of lists) whose products are unioned."""
     # The centre itself is listed: "default" resolves to a strategy of this set whatever default.json says,
@@ -171,6 +177,9 @@ def sweep_presets() -> dict[str, list[dict]]:
     quick = [dict(strategies=ablation, datasets=[name], **sizes, seeds=RULE_SEEDS, devices=["cpu"], n_batches=4,
                   repeats=3, warmup_steps=300, heldout_batches=HELDOUT_BATCHES_FOR.get(name, HELDOUT_BATCHES))
              for name, sizes in QUICK_SIZES.items()]
+    small_scaling = scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
+                                  {"d_e": [16, 64, 128], "d_s": [8, 64, 128], "b": [16, 128, 256]},
+                                  seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300)
     return {
         "smoke": [dict(strategies=_PRESET_STRATEGIES, datasets=list(DATASET_NAMES), d_s=[16], d_e=[16], b=[16],
                        d_k=[2], p=[2], seeds=[0], devices=["cpu"], n_batches=2, repeats=1, warmup_steps=30)],
@@ -180,11 +189,17 @@ def sweep_presets() -> dict[str, list[dict]]:
                 *statistics_tokens_grids(["cuda"], [1, 16, 64], RULE_SEEDS, [1, 8, 32], PRETRAINED_SEEDS)],
         "quick": [
             *quick,
-            *scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
-                           {"d_e": [16, 64, 128], "d_s": [8, 64, 128], "b": [16, 128, 256]},
-                           seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300),
+            *small_scaling,
             *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
-            *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_REFERENCES, [0], repeats=3),
+            *statistics_tokens_grids(["cpu"], [1, 16], RULE_SEEDS, [], []),
+        ],
+        # The quick sweep with the real model's evidence widened: an early head, each judging component alone,
+        # the formulas as references, and the statistics-tokens study there too (about 30 minutes on 2 cores).
+        "thorough": [
+            *quick,
+            *small_scaling,
+            *pretrained_grids(THOROUGH_HEADS, ["cpu"], THOROUGH_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
+            *pretrained_grids(THOROUGH_HEADS, ["cpu"], PRETRAINED_REFERENCES, [0], repeats=3),
             *statistics_tokens_grids(["cpu"], [1, 16], RULE_SEEDS, [1, 4], [0, 1]),
         ],
         "full": [
@@ -197,6 +212,25 @@ def sweep_presets() -> dict[str, list[dict]]:
             *statistics_tokens_grids(["cpu", "cuda"], [1, 16, 64], RULE_SEEDS, [1, 8, 32], [0, 1, 2, 3, 4]),
         ],
     }
+
+
+def runs_outside(frame: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
+    """The stored runs (of any code version) whose configuration is none of ``configs``."""
+    names = [f.name for f in fields(RunConfig) if f.name in frame.columns]
+    if frame.empty or not names:
+        return frame
+    mine = {tuple(str(getattr(c, n)) for n in names) for c in configs}
+    theirs = [tuple(t) for t in frame[names].astype(str).itertuples(index=False, name=None)]
+    return frame[[t not in mine for t in theirs]]
+
+
+def presets_holding(runs: pd.DataFrame) -> list[str]:
+    """The sweep presets (but ``full``, days long) with a configuration among ``runs``: whose runs they are."""
+    out = []
+    for name, grids in sweep_presets().items():
+        if name != "full" and len(runs) > len(runs_outside(runs, expand(grids))):
+            out.append(name)
+    return out
 
 
 def run_spec(name: str, device: str, d_e: int) -> str:
@@ -259,6 +293,7 @@ def run_sweep(
     progress: bool = True,
     threads: int = DEFAULT_THREADS,
     max_memory: float | None = None,
+    run_timeout: float | None = None,
 ) -> pd.DataFrame:
     """Run every configuration not already stored; return the rows of this sweep's configurations.
 
@@ -284,19 +319,23 @@ def run_sweep(
         torch threads per run (in this process with ``jobs == 1``, in each worker otherwise).
     max_memory : float, optional
         Memory limit in GiB for one run (times ``jobs`` on CPU); default a share of the device's memory.
+    run_timeout : float, optional
+        Seconds a run may take before it is stopped and stored as failed; default no limit
+        (:func:`harness.runner.pool.run_pending`).
 
     Raises
     ------
     harness.validate.ConfigError
-        A configuration that cannot run, ``jobs < 1`` or ``threads < 1``.
+        A configuration that cannot run, ``jobs < 1``, ``threads < 1`` or a bad ``run_timeout``.
     """
     check_jobs(jobs)
     check_threads(threads)
+    check_run_timeout(run_timeout, backend)
     check_runs(configs, jobs=jobs, max_memory=max_memory, strict_devices=False)
     with ResultsDB(db_path) as db:
         return run_pending(db, configs, functools.partial(run_one, cache_dir=cache_dir), jobs=jobs, threads=threads,
                            resume=resume, retry_failed=retry_failed, progress=progress, backend=backend,
-                           scheduler=scheduler)
+                           scheduler=scheduler, run_timeout=run_timeout, cost=sweep_cost)
 
 
 def preset_summary(frame: pd.DataFrame) -> pd.DataFrame:

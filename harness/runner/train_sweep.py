@@ -14,7 +14,7 @@ import pandas as pd
 
 import strategies
 from harness.env import DEFAULT_THREADS, recorded
-from harness.runner.pool import run_pending
+from harness.runner.pool import check_run_timeout, run_pending
 from harness.store.training import TrainDB
 from harness.train import FIXED_METHODS, TrainConfig, train_run
 from harness.validate import check_threads, check_train_configs, is_pretrained
@@ -113,7 +113,7 @@ def run_train_one(config: dict, threads: int | None = None) -> dict:
 
 def run_train_sweep(configs: list[TrainConfig], db_path: str, *, jobs: int = 1, resume: bool = True,
                     retry_failed: bool = False, progress: bool = True, threads: int = DEFAULT_THREADS,
-                    max_memory: float | None = None) -> pd.DataFrame:
+                    max_memory: float | None = None, run_timeout: float | None = None) -> pd.DataFrame:
     """Run every configuration not already stored (with ``resume``); return this sweep's run rows.
 
     Every configuration is checked first (:func:`harness.validate.check_train_configs`):
@@ -134,17 +134,22 @@ def run_train_sweep(configs: list[TrainConfig], db_path: str, *, jobs: int = 1, 
         torch threads per run (in this process with ``jobs == 1``, in each worker otherwise).
     max_memory : float, optional
         Memory limit in GiB for one run (times ``jobs`` on CPU); default a share of the device's memory.
+    run_timeout : float, optional
+        Seconds a run may take before it is stopped and stored as failed; default no limit
+        (:func:`harness.runner.pool.run_pending`).
 
     Raises
     ------
     harness.validate.ConfigError
-        A configuration that cannot run, ``jobs < 1`` or ``threads < 1``.
+        A configuration that cannot run, ``jobs < 1``, ``threads < 1`` or a bad ``run_timeout``.
     """
     check_threads(threads)
+    check_run_timeout(run_timeout)
     check_train_configs(configs, jobs=jobs, max_memory=max_memory, strict_devices=False)
     with TrainDB(db_path) as db:
         return run_pending(db, configs, run_train_one, jobs=jobs, threads=threads, resume=resume,
-                           retry_failed=retry_failed, progress=progress, what="training runs")
+                           retry_failed=retry_failed, progress=progress, what="training runs",
+                           run_timeout=run_timeout)
 
 
 def train_summary(runs: pd.DataFrame) -> pd.DataFrame:

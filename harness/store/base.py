@@ -111,22 +111,60 @@ class RunStore:
         self.close()
 
 
-def read_tables(path: str | Path, *tables: Table) -> tuple[pd.DataFrame, ...]:
+def read_tables(path: str | Path, *tables: Table, numbers: bool = False) -> tuple[pd.DataFrame, ...]:
     """Every row of each of ``tables`` in an existing results file, read only, through one connection.
 
     The file is checked first and never changed. A table the file lacks reads as an empty
     frame without columns (e.g. a file of training runs only has no ``runs``).
 
+    Parameters
+    ----------
+    path : str or Path
+    *tables : Table
+    numbers : bool
+        Refuse a file whose numeric columns hold anything but numbers (:func:`check_numbers`):
+        what a reader that computes with them needs. Off, the rows are read as stored (an export).
+
     Raises
     ------
     DatabaseFileError
-        Missing, foreign, a newer schema, or not SQLite; the message names the file.
+        Missing, foreign, a newer schema, damaged, or not SQLite; with ``numbers``, text in a
+        numeric column; the message names the file.
     sqlite3.DatabaseError, pandas.errors.DatabaseError
         A table cannot be read; callers decide what that means for them.
     """
     conn = connect_read(path)
     try:
         present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        return tuple(pd.read_sql_query(t.select_sql, conn) if t.name in present else pd.DataFrame() for t in tables)
+        frames = tuple(pd.read_sql_query(t.select_sql, conn) if t.name in present else pd.DataFrame() for t in tables)
     finally:
         conn.close()
+    if numbers:
+        for table, frame in zip(tables, frames, strict=True):
+            check_numbers(frame, table, path)
+    return frames
+
+
+def check_numbers(frame: pd.DataFrame, table: Table, path: str | Path) -> None:
+    """Refuse ``frame`` (rows of ``table``) when a column declared numeric holds text or bytes.
+
+    SQLite keeps whatever a program stores, but growbench stores only numbers or NULL there:
+    anything else was put there by another hand, and a median or a comparison of it would fail
+    or mislead.
+
+    Raises
+    ------
+    DatabaseFileError
+        One line naming the file, the table, the column and the first offending run.
+    """
+    for column in table.numeric_columns:
+        if column not in frame.columns or frame[column].dtype != object:
+            continue  # pandas gives a numeric dtype to a column of numbers and NULLs only
+        values = frame[column]
+        bad = values.map(lambda v: v is not None and not isinstance(v, int | float))
+        if bad.any():
+            first = bad.to_numpy().nonzero()[0][0]
+            key = frame["key"].iloc[first] if "key" in frame.columns else first
+            raise DatabaseFileError(f"{path}: damaged growbench database: column {column!r} of table {table.name} "
+                                    f"holds {type(values.iloc[first]).__name__} where growbench stores numbers "
+                                    f"(run {key!r}: {values.iloc[first]!r:.60}); refusing to compute with it")

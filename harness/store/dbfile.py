@@ -16,6 +16,13 @@ before it is touched: a file of another application, an unrelated SQLite file, a
 table named ``runs`` of another shape, text, a directory. A newer schema version is
 refused too, since this code cannot know what it means.
 
+A growbench file, marked or not, holds exactly growbench's schema: its tables (with
+the indexes SQLite makes for their keys) and nothing else. A trigger could rewrite or
+delete results as they are stored, and a view, a virtual table or an index on an
+expression could fail or change a write, so a file holding any of them is refused, as
+foreign, before anything is written. A file whose pages are damaged (``PRAGMA
+quick_check``) is refused by every command, reading or writing, in the same words.
+
 Every refusal and every filesystem failure is a :class:`DatabaseFileError`, a
 ``ValueError`` whose message is one line that starts with the path, which the command
 line prints and turns into exit status 2.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -37,6 +45,10 @@ SCHEMA_VERSION = 1
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Seconds a connection waits for another writer's lock (concurrent sweeps on one file).
 TIMEOUT_S = 30.0
+# How SQLite stores a virtual table's statement (an fts5 table named runs is not growbench's runs).
+_VIRTUAL = re.compile(r"\s*CREATE\s+VIRTUAL\s", re.IGNORECASE)
+# SQLite's answers for a file whose pages are not a database's (the primary code, without extended bits).
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
 class DatabaseFileError(ValueError):
@@ -47,6 +59,18 @@ def _short(names: list[str], n: int = 5) -> str:
     """``a, b, c`` with at most ``n`` names, so that a refusal stays one readable line."""
     more = f" and {len(names) - n} more" if len(names) > n else ""
     return ", ".join(names[:n]) + more
+
+
+def _not_growbench(objects: list[tuple[str, str, str | None]]) -> list[str]:
+    """What a schema's ``(type, name, sql)`` rows hold besides growbench's own tables: triggers, views, indexes,
+    other tables, virtual tables (even one named like growbench's), as ``"trigger 'name'"``."""
+    others = []
+    for kind, name, text in objects:
+        if _VIRTUAL.match(text or ""):
+            others.append(f"virtual table {name!r}")
+        elif not (kind == "table" and name in TABLES):
+            others.append(f"{kind} {name!r}")
+    return others
 
 
 def _table_info(conn: sqlite3.Connection, table: str) -> tuple[list[str], tuple[str, ...]]:
@@ -64,18 +88,26 @@ def classify(conn: sqlite3.Connection, path: Path) -> str:
     Raises
     ------
     DatabaseFileError
-        The file is foreign (another application's, or tables growbench did not make) or of a
-        newer schema version.
+        The file is foreign (another application's, tables growbench did not make, or, even under
+        growbench's mark, anything beside its tables: a trigger, a view, an index, a virtual table)
+        or of a newer schema version.
     """
     app = conn.execute("PRAGMA application_id").fetchone()[0]
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    objects = conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+    # SQLite's own objects (sqlite_*: the indexes of the keys, statistics) are not counted.
+    objects = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
                            ).fetchall()
-    tables = [name for kind, name in objects if kind == "table"]
+    tables = [name for kind, name, _ in objects if kind == "table"]
+    others = _not_growbench(objects)
     if app == APPLICATION_ID:
         if version > SCHEMA_VERSION:
             raise DatabaseFileError(f"{path}: written by a newer growbench (schema version {version}; this one "
                                     f"knows up to {SCHEMA_VERSION}); upgrade growbench or use another --db")
+        if others:
+            # The mark is two numbers anyone can set: what the file holds decides.
+            raise DatabaseFileError(f"{path}: marked as growbench's but not growbench's schema (it holds "
+                                    f"{_short(others)}, which growbench never makes and which could change "
+                                    f"results as they are stored); refusing to touch it")
         for table in tables:
             if table in TABLES and _table_info(conn, table)[1] != TABLES[table].primary_key:
                 raise DatabaseFileError(f"{path}: damaged growbench database: table {table!r} lacks its "
@@ -88,7 +120,6 @@ def classify(conn: sqlite3.Connection, path: Path) -> str:
         raise DatabaseFileError(f"{foreign} (user_version {version} without growbench's mark); refusing to touch it")
     if not objects:
         return "empty"
-    others = [f"{kind} {name!r}" for kind, name in objects if not (kind == "table" and name in TABLES)]
     if others:
         raise DatabaseFileError(f"{foreign} (it holds {_short(others)}); refusing to touch it")
     for table in tables:
@@ -170,14 +201,40 @@ def _inspect(path: Path) -> str:
     immutable: no locks, no side files. Otherwise the ordinary reading connection is used.
     """
     quiet = not any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
-    if quiet:
-        conn = sqlite3.connect(path.resolve().as_uri() + "?immutable=1", uri=True)
-    else:
-        conn = _connect_read_only(path)
     try:
-        return classify(conn, path)
-    finally:
-        conn.close()
+        if quiet:
+            conn = sqlite3.connect(path.resolve().as_uri() + "?immutable=1", uri=True)
+        else:
+            conn = _connect_read_only(path)
+        try:
+            kind = classify(conn, path)
+            _check_intact(conn, path)
+            return kind
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        if getattr(e, "sqlite_errorcode", 0) & 0xFF in _DAMAGED:
+            raise _damaged(path, str(e)) from e
+        raise
+
+
+def _check_intact(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a file whose pages SQLite finds damaged (``PRAGMA quick_check``: every page, not the indexes' content).
+
+    Every command inspects the file this way before it reads or writes (:func:`_inspect`), so a
+    damaged file is refused in the same words by all of them, and before a sweep measures a run
+    whose row could not be stored.
+    """
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
+    if problems != ["ok"]:
+        raise _damaged(path, problems[0] if problems else "no answer")
+
+
+def _damaged(path: Path, problem: str) -> DatabaseFileError:
+    """The one refusal of a damaged file, with SQLite's first finding on one line."""
+    detail = " ".join(str(problem).split())[:200]
+    return DatabaseFileError(f"{path}: damaged database file (SQLite: {detail}); refusing to use it: restore it "
+                             f"from a copy, or salvage its rows with the sqlite3 shell's .recover into a new file")
 
 
 def connect_read(path: str | Path) -> sqlite3.Connection:

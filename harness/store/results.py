@@ -16,20 +16,28 @@ from harness.store.dbfile import DatabaseFileError
 from harness.store.schema import RUNS
 
 
-def read_runs(path: str | Path) -> pd.DataFrame:
+def read_runs(path: str | Path, *, numbers: bool = False) -> pd.DataFrame:
     """Every run of an existing results file, read only, after checking that the file is growbench's.
 
     The columns are the file's own: those of a file written before a column existed are not added
     (:meth:`harness.store.schema.Table.complete` adds them). Empty (no columns) when the file has no
     ``runs`` table, e.g. training runs only.
 
+    Parameters
+    ----------
+    path : str or Path
+    numbers : bool
+        Refuse text in a numeric column (:func:`harness.store.base.check_numbers`), for a reader
+        that computes with the results; off, the rows are read as stored.
+
     Raises
     ------
     DatabaseFileError
-        Missing, foreign, a newer schema, or unreadable; the message names the file.
+        Missing, foreign, a newer schema, damaged, or unreadable; with ``numbers``, text in a
+        numeric column; the message names the file.
     """
     try:
-        (runs,) = read_tables(path, RUNS)
+        (runs,) = read_tables(path, RUNS, numbers=numbers)
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as e:  # the CLI prints a one-line refusal
         raise DatabaseFileError(f"{path}: cannot read the runs: {e}") from e
     return runs

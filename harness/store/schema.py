@@ -63,6 +63,11 @@ class Table:
         return f'ALTER TABLE {self.name} ADD COLUMN "{column}" {decl}'
 
     @property
+    def numeric_columns(self) -> tuple[str, ...]:
+        """The columns declared ``REAL`` or ``INTEGER``: growbench stores only numbers (or nothing) in them."""
+        return tuple(c for c, decl in self.columns.items() if decl.split()[:1] in (["REAL"], ["INTEGER"]))
+
+    @property
     def select_sql(self) -> str:
         """Every row, in :attr:`order_by` order."""
         order = f" ORDER BY {', '.join(self.order_by)}" if self.order_by else ""

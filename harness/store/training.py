@@ -43,14 +43,18 @@ class TrainDB(RunStore):
 def load(db_path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(runs, curves)`` of a database, read only; an empty frame for a table it lacks, both if it is missing.
 
+    The numeric columns must hold numbers (:func:`harness.store.base.check_numbers`): the report
+    computes with them.
+
     Raises
     ------
     DatabaseFileError
-        The file is not growbench's (foreign, a newer schema, not SQLite); the message names it.
+        The file is not growbench's (foreign, a newer schema, damaged, not SQLite), or text is stored
+        in a numeric column; the message names it.
     sqlite3.DatabaseError, pandas.errors.DatabaseError
         A table cannot be read (the report then shows no training: :mod:`harness.report.train_runs`).
     """
     if not Path(db_path).exists():
         return pd.DataFrame(), pd.DataFrame()
-    runs, curves = read_tables(db_path, TRAIN_RUNS, TRAIN_CURVES)
+    runs, curves = read_tables(db_path, TRAIN_RUNS, TRAIN_CURVES, numbers=True)
     return runs, curves

@@ -11,8 +11,8 @@ import pandas as pd
 import seaborn as sns
 
 import strategies
-from harness.recommend import CELL_COLUMNS, is_growth, stored_spec
-from harness.report.figures.base import FigureResult, bottom_legend, log_axis, plain_text, theme
+from harness.recommend import CELL_COLUMNS, is_growth, measures, stored_spec
+from harness.report.figures.base import MAX_WIDTH_IN, FigureResult, bottom_legend, log_axis, plain_text, theme
 from harness.report.figures.palette import dataset_colors
 
 TITLE = "Ablation: the paired effect of changing one axis"
@@ -23,7 +23,7 @@ AXIS_TITLES = {"averaging": "averaging", "inverse": "inverse", "truncation": "tr
 FLAGS = ("metric", *strategies.Spec.LINE_SEARCH_FLAGS)
 PAIR_KEYS = ("dataset", "seed", *CELL_COLUMNS)
 PAIR_COLUMNS = ["axis", "change", "dataset", "seed", "spec_a", "spec_b", "time_ratio", "raw_time_ratio",
-                "d_optimality", "d_heldout_pct"]
+                "d_optimality", "d_heldout_pct", "path_a", "path_b", "gain_a", "gain_b"]
 EFFECTS = [("time_ratio", "time ratio after / before\n(of t_total / t_floor; ×, log scale)", 1.0, "time"),
            ("d_optimality", "Δ optimality\n(after − before, unitless)", 0.0, "optimality"),
            ("d_heldout_pct", "Δ held-out loss decrease\n(% of held-out loss)", 0.0, "held-out loss decrease")]
@@ -66,12 +66,19 @@ def _pair(run_a, spec_a, run_b, spec_b, default) -> dict | None:
         raw_time_ratio=run_b.t_total / run_a.t_total if run_a.t_total and run_a.t_total > 0 else np.nan,
         d_optimality=run_b.optimality - run_a.optimality,
         d_heldout_pct=100 * (run_b.heldout_decrease - run_a.heldout_decrease) / abs(before) if before else np.nan,
+        # Each side's own path efficiency and held-out gain, as the rule reads them (harness.recommend.measures).
+        path_a=run_a.path_efficiency, path_b=run_b.path_efficiency, gain_a=run_a.heldout_gain,
+        gain_b=run_b.heldout_gain,
     )
 
 
 def ablation_pairs(frame: pd.DataFrame) -> pd.DataFrame:
     """Every pair of successful growth runs differing in exactly one axis, everything else equal."""
     ok = frame[(frame.status == "ok") & frame.strategy.map(is_growth)]
+    if "path_efficiency" not in ok:  # a frame from a database written before the column existed
+        ok = ok.assign(path_efficiency=np.nan)
+    measured = measures(ok)
+    ok = ok.assign(path_efficiency=measured["path_efficiency"], heldout_gain=measured["heldout_gain"])
     default = stored_spec(strategies.default_spec())
     rows = []
     for _, group in ok.groupby(list(PAIR_KEYS), dropna=False, sort=False):
@@ -103,7 +110,7 @@ def ablation_summary(pairs: pd.DataFrame) -> pd.DataFrame:
 
 def _draw(pairs: pd.DataFrame, changes: list[str]) -> plt.Figure:
     """Three panels (time, optimality, held-out), one row per change, one dot per pair."""
-    fig, axes = plt.subplots(1, 3, figsize=(12, 1.6 + 0.34 * len(changes)), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(MAX_WIDTH_IN, 1.6 + 0.34 * len(changes)), sharey=True)
     datasets = sorted(pairs.dataset.unique())
     palette = dataset_colors(datasets)
     axis_of = pairs.groupby("change").axis.first()

@@ -17,8 +17,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from adjustText import adjust_text  # noqa: E402
-from matplotlib.transforms import Bbox  # noqa: E402
+from matplotlib.transforms import Bbox, offset_copy  # noqa: E402
+
+#: The widest a figure is drawn (inches at 100 dpi): the page shows it at 800 px or less, so that every text of
+#: :data:`MIN_FONT_PT` points or more stays at least 9 px high there.
+MAX_WIDTH_IN = 11.5
+#: The smallest font of any text in a figure (tick labels, point names, bar labels), in points.
+MIN_FONT_PT = 9.5
 
 
 @dataclass
@@ -28,7 +33,8 @@ class FigureResult:
     ``caption`` is two sentences (what is drawn, what it shows); ``table`` holds the numbers behind
     them (its ``wide`` columns wrap as prose, ``formats`` maps a column to its number format, see
     :class:`harness.report.sections.Table`); ``details`` are statements per dataset, one list item
-    each; ``data`` is what was plotted; ``png`` is filled once the figure is written.
+    each; ``data`` is what was plotted; ``png`` is filled once the figure is written, and ``svg`` is set
+    when its SVG is written beside the PNG (``figures/<name>.svg``, which both pages then link to zoom).
     """
 
     name: str
@@ -42,6 +48,7 @@ class FigureResult:
     formats: dict[str, str] = field(default_factory=dict)
     details: list[str] = field(default_factory=list)
     png: bytes = b""
+    svg: bool = False
 
 
 def not_drawn(name: str, error: Exception) -> FigureResult:
@@ -141,8 +148,33 @@ def log_axis(ax: plt.Axes, axis: str = "x", base: float = 10) -> None:
         which.set_major_locator(mticker.LogLocator(base=10, subs=subs))
     else:
         which.set_major_locator(mticker.LogLocator(base=base))
-    which.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    which.set_major_formatter(mticker.FuncFormatter(_power_of_two_label if base == 2 else lambda v, _: f"{v:g}"))
     which.set_minor_formatter(mticker.NullFormatter())
+
+
+def si_ticks(axis) -> None:
+    """Tick labels with SI prefixes (``500 G``, ``1.5 T``) on ``axis`` (an x or y axis of a panel, or a secondary
+    axis): matplotlib would otherwise write large numbers with an offset text (``1e12``) set at the axis's end,
+    where it runs into the axis label."""
+    axis.set_major_formatter(mticker.EngFormatter(sep=" "))
+
+
+def _power_of_two_label(value: float, _position=None) -> str:
+    """``1/16`` rather than ``0.0625`` below one (a ratio reads as a fraction), ``v:g`` from one."""
+    if 0 < value < 1 and float(1 / value).is_integer():
+        return f"1/{1 / value:g}"
+    return f"{value:g}"
+
+
+def cover_powers(ax: plt.Axes, values, axis: str = "x", base: float = 2) -> None:
+    """Limits of a log axis from the power of ``base`` at or below the smallest of ``values`` to the one at or above
+    the largest, with a margin: every point then lies between two labelled ticks, none left of the first."""
+    positive = [float(v) for v in values if v > 0 and math.isfinite(v)]
+    if not positive:
+        return
+    low = base ** math.floor(math.log(min(positive), base) + 1e-9)
+    high = base ** math.ceil(math.log(max(positive), base) - 1e-9)
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(low / base ** 0.25, high * base ** 0.25)
 
 
 def obstacle_boxes(ax: plt.Axes, shapes: list[tuple[float, float, float, float, float]]) -> list[Bbox]:
@@ -164,14 +196,14 @@ MIXED_COLOR = "#333333"  # the name of coincident points of different colours
 
 def _merge_coincident(ax: plt.Axes, points: list[tuple[float, float, str, str]],
                       within: float = 6.0) -> list[tuple[float, float, str, str]]:
-    """One name for points drawn within ``within`` pixels of one another ("zero, random"), in their colour or,
+    """One name for points drawn within ``within`` pixels of one another (one line each), in their colour or,
     when they differ, dark grey: separate names for markers that cover one another could only go far from them."""
     merged: list[list] = []
     for x, y, text, color in points:
         px, py = ax.transData.transform((x, y))
         for group in merged:
             if abs(group[4] - px) <= within and abs(group[5] - py) <= within:
-                group[2] += f", {text}"
+                group[2] += f"\n{text}"  # stacked: a long line of names could not fit beside a panel's edge
                 group[3] = group[3] if group[3] == color else MIXED_COLOR
                 break
         else:
@@ -179,30 +211,78 @@ def _merge_coincident(ax: plt.Axes, points: list[tuple[float, float, str, str]],
     return [(x, y, text, color) for x, y, text, color, _, _ in merged]
 
 
+#: Where a name may go, as directions and distances (pixels) of its nearest corner or edge from its point: above
+#: first, then beside, then below, nearer before farther.
+_DIRECTIONS = ((0, 1), (1, 1), (-1, 1), (1, 0), (-1, 0), (1, -1), (-1, -1), (0, -1))
+_DISTANCES = (8, 20, 34, 50, 70, 95)
+
+
+def _candidates(width: float, height: float):
+    """Each place of a ``width`` × ``height`` name around a point at the origin, as the lower left corner (x0, y0)
+    of its box, in the order they are tried."""
+    for distance in _DISTANCES:
+        for dx, dy in _DIRECTIONS:
+            x0 = -width / 2 if dx == 0 else distance * 0.8 if dx > 0 else -distance * 0.8 - width
+            y0 = -height / 2 if dy == 0 else distance * 0.6 if dy > 0 else -distance * 0.6 - height
+            yield x0, y0
+
+
+def _overlap(a: Bbox, b: Bbox) -> float:
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return width * height if width > 0 and height > 0 else 0.0
+
+
 def label_points(ax: plt.Axes, points: list[tuple[float, float, str, str]], obstacles: list[Bbox],
-                 fontsize: float = 9) -> None:
-    """Name some of the plotted points, moving the names off every marker and bar and off one another.
+                 fontsize: float = MIN_FONT_PT) -> None:
+    """Name a few of the plotted points, each where it covers no marker, bar or other name and stays inside the
+    panel, with a leader line when it is not right beside its point.
 
     Parameters
     ----------
     ax : matplotlib.axes.Axes
         The panel; call once its limits and layout are final (names are placed in screen space).
     points : list of (x, y, text, colour)
-        The points to name.
+        The points to name (a handful: the places tried are near each point).
     obstacles : list of Bbox
         What the names must not cover (:func:`obstacle_boxes`).
     """
     if not points:
         return
-    points = _merge_coincident(ax, points)
-    # Names start just above their points (every panel keeps room at the top), which the solver then spreads.
-    to_display, to_data = ax.transData, ax.transData.inverted()
-    starts = to_data.transform(to_display.transform([(x, y) for x, y, _, _ in points]) + [0, 12])
-    texts = [ax.text(sx, sy, text, fontsize=fontsize, color=color, ha="center")
-             for (sx, sy), (_, _, text, color) in zip(starts, points, strict=True)]
-    # Bounded: adjust_text iterates until nothing overlaps, which a crowded panel may never reach.
-    # No pull back towards the points: a name may go as far as it must to cover nothing (a leader line follows it).
-    adjust_text(texts, target_x=[p[0] for p in points], target_y=[p[1] for p in points], objects=obstacles, ax=ax,
-                expand=(1.15, 1.4), force_static=(0.4, 0.6), force_text=(0.3, 0.5), force_pull=(0.0, 0.0),
-                prevent_crossings=False, ensure_inside_axes=True, iter_lim=600,
-                arrowprops=dict(arrowstyle="-", color="#555555", lw=0.6, alpha=0.8), min_arrow_len=6)
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer).padded(-4)
+    taken = [Bbox(ax.transData.transform(box.get_points())) for box in obstacles]
+    for x, y, text, color in _merge_coincident(ax, points):
+        px, py = ax.transData.transform((x, y))
+        probe = ax.text(0, 0, text, fontsize=fontsize, transform=None)
+        size = probe.get_window_extent(renderer)
+        probe.remove()
+        # The first free place; where none is, the one covering least (outside the panel never).
+        best, best_cost = None, math.inf
+        for x0, y0 in _candidates(size.width + 2, size.height + 2):
+            box = Bbox.from_bounds(px + x0, py + y0, size.width + 2, size.height + 2)
+            if not (inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1)):
+                continue
+            cost = sum(_overlap(box, other) for other in taken)
+            if cost < best_cost:
+                best, best_cost = box, cost
+                if cost == 0:
+                    break
+        if best is None:  # larger than the panel: left where it is, clipped by the panel rather than the page
+            best = Bbox.from_bounds(px - size.width / 2, py + 8, size.width, size.height)
+        taken.append(best)
+        centre = ((best.x0 + best.x1) / 2 - px, (best.y0 + best.y1) / 2 - py)
+        ax.text(x, y, text, transform=_shifted(ax, centre), ha="center", va="center", fontsize=fontsize, color=color,
+                clip_on=True)
+        if abs(centre[0]) > best.width / 2 + 12 or abs(centre[1]) > best.height / 2 + 12:  # not right beside it
+            edge = (min(max(px, best.x0), best.x1) - px, min(max(py, best.y0), best.y1) - py)
+            ax.annotate("", (x, y), xytext=(x, y), textcoords=_shifted(ax, edge), arrowprops=dict(
+                arrowstyle="-", color="#555555", lw=0.6, alpha=0.8, shrinkA=0, shrinkB=3))
+
+
+def _shifted(ax: plt.Axes, pixels: tuple[float, float]):
+    """Data coordinates moved by ``pixels`` of the screen, in points: the SVG is drawn at another resolution than the
+    screen the names were placed on, and points keep the same place in both."""
+    return offset_copy(ax.transData, fig=ax.figure, x=pixels[0] * 72 / ax.figure.dpi,
+                       y=pixels[1] * 72 / ax.figure.dpi, units="points")

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harness.recommend import Paired, is_growth, measures, reference_runs, stored_spec
-from harness.report.figures.base import FigureResult, bottom_legend, facets, log_axis, panel_title, theme
+from harness.report.figures.base import MAX_WIDTH_IN, FigureResult, bottom_legend, facets, log_axis, panel_title, theme
 from harness.report.figures.palette import BLACK, BLUE, GREEN, ORANGE, PURPLE, VERMILLION
 
 GENERALISATION_TITLE = "What generalises: held-out gain against batch gain, per component"
@@ -54,7 +54,7 @@ def generalisation(frame: pd.DataFrame) -> FigureResult:
     data = _summaries(ref, ["dataset", "strategy"])
     specs = {s: stored_spec(s) for s in data.strategy.unique()}
     datasets = sorted(data.dataset.unique())
-    fig, axes = facets(len(datasets), ncols=min(3, len(datasets)), size=(5.4, 4.2))
+    fig, axes = facets(len(datasets), ncols=2, size=(MAX_WIDTH_IN / 2, 4.4))
     for ax, ds in zip(axes, datasets, strict=False):
         at = data[data.dataset == ds]
         for r in at.itertuples():
@@ -75,7 +75,7 @@ def generalisation(frame: pd.DataFrame) -> FigureResult:
         ax.set_visible(False)
     fig.suptitle(GENERALISATION_TITLE + "\n(mean over seeds with its 95% interval; dotted: held-out = batch)",
                  fontweight="bold")
-    bottom_legend(fig, axes[:len(datasets)], ncol=3, top=0.93)
+    bottom_legend(fig, axes[:len(datasets)], ncol=2, top=0.93)
     best = data.loc[data.groupby("dataset").heldout_gain.idxmax()]
     lowering = data[data.low > 0].groupby("dataset").strategy.nunique().reindex(datasets, fill_value=0)
     caption = (
@@ -137,7 +137,7 @@ def statistics_tokens(frame: pd.DataFrame) -> FigureResult:
     datasets = sorted(data.dataset.unique())
     strategies = sorted(data.strategy.unique())
     colors = dict(zip(strategies, (VERMILLION, BLUE, GREEN, ORANGE, PURPLE, BLACK), strict=False))
-    fig, axes = facets(len(datasets), ncols=min(3, len(datasets)), size=(5.4, 4.0))
+    fig, axes = facets(len(datasets), ncols=2, size=(MAX_WIDTH_IN / 2, 4.2))
     for ax, ds in zip(axes, datasets, strict=False):
         for strategy in strategies:
             at = data[(data.dataset == ds) & (data.strategy == strategy)].sort_values("statistics_tokens")

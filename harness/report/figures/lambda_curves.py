@@ -10,6 +10,7 @@ import pandas as pd
 import strategies
 from harness.recommend import is_growth, preset_names, reference_runs, stored_spec
 from harness.report.figures.base import (
+    MIN_FONT_PT,
     FigureResult,
     bottom_legend,
     facets,
@@ -110,7 +111,7 @@ def _draw_panel(ax, panel: dict) -> list[dict]:
     if beyond:
         ax.text(0.98, 0.96, "beyond the sampled λ:\n" + "\n".join(f"{plain_text(m['search'])} λ={m['lam']:.3g}"
                                                                   for m in beyond),
-                transform=ax.transAxes, ha="right", va="top", fontsize=8.5,
+                transform=ax.transAxes, ha="right", va="top", fontsize=MIN_FONT_PT,
                 bbox=dict(boxstyle="round", facecolor="white", edgecolor="#bbbbbb"))
     ax.set_title(panel_title(f"{panel['dataset']} (seed {panel['seed']})", width=34))
     ax.set_xlabel("λ (step in score space, units of ‖dS‖)")

@@ -12,9 +12,10 @@ import seaborn as sns
 import strategies
 from harness.recommend import CELL_COLUMNS, is_growth, preset_names, reference_runs
 from harness.report.figures.base import (
+    MAX_WIDTH_IN,
+    MIN_FONT_PT,
     FigureResult,
     bottom_legend,
-    facets,
     log_axis,
     panel_title,
     plain_text,
@@ -23,7 +24,7 @@ from harness.report.figures.base import (
 )
 from harness.report.figures.palette import BLACK, GREEN, GREY, ORANGE, PURPLE, SKY, dataset_colors, family_colors
 from harness.report.names import short_label
-from harness.report.wording import plural
+from harness.report.wording import duration, plural, times
 
 PHASES = ("t_statistics", "t_direction", "t_truncation", "t_line_search")
 PHASE_NAMES = {"t_statistics": "statistics", "t_direction": "direction", "t_truncation": "truncation",
@@ -65,12 +66,23 @@ def _draw_bars(ax, m: pd.DataFrame) -> None:
         if not np.isfinite(total):
             continue
         if total > cap:
-            ax.text(cap * 1.005, i, f"▶ {total:.3g}×", va="center", fontsize=8, color="#b00")
+            ax.text(cap * 1.005, i, f"▶ {total:.3g}×", va="center", fontsize=MIN_FONT_PT, color="#b00")
         else:
-            ax.text(total + 0.01 * cap, i, f"{ms:.3g} ms", va="center", fontsize=8, color="#444")
-    ax.set_xlim(0, cap * 1.45)
+            ax.text(total + 0.02 * cap, i, duration(ms), va="center", fontsize=MIN_FONT_PT, color="#444")
+    ax.set_xlim(0, cap * 1.7)
     ax.set_title(panel_title(m.dataset.dropna().iloc[0]))
-    ax.set_xlabel("median time / floor (×)")
+    ax.set_xlabel("time / floor (×, median)")
+
+
+def breakdown_rows(med: pd.DataFrame, per_row: int = 4) -> list[tuple[list[str], list[str]]]:
+    """The figure's rows: datasets that ran the same strategies side by side (at most ``per_row``), with those
+    strategies in order of their median time over every dataset, so that no panel has a row without a bar."""
+    order = med.groupby("strategy").t_total.median().sort_values().index.tolist()
+    groups: dict[frozenset, list[str]] = {}
+    for ds in sorted(med.dataset.unique()):
+        groups.setdefault(frozenset(med.strategy[med.dataset == ds]), []).append(ds)
+    return [(datasets[i:i + per_row], [s for s in order if s in ran])
+            for ran, datasets in groups.items() for i in range(0, len(datasets), per_row)]
 
 
 def _phase_table(med: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
@@ -94,29 +106,34 @@ def breakdown(frame: pd.DataFrame) -> FigureResult:
     if med.empty:
         return FigureResult("breakdown", title, note="No successful runs with a measured floor.")
     names = preset_names()
-    order = med.groupby("strategy").t_total.median().sort_values().index.tolist()
-    datasets = sorted(med.dataset.unique())
-    ncols = min(4, len(datasets))
-    # Room for the two-line title and the axis label even when there are only a few bars.
-    fig, axes = facets(len(datasets), ncols=ncols, size=(3.4, max(2.6, 1.3 + 0.25 * len(order))))
-    for i, (ax, ds) in enumerate(zip(axes, datasets, strict=True)):
-        _draw_bars(ax, med[med.dataset == ds].set_index("strategy").reindex(order).reset_index())
-        ax.set_yticks(range(len(order)), [plain_text(short_label(s, names)) for s in order] if i % ncols == 0 else [])
-        ax.set_ylim(len(order) - 0.5, -0.5)
+    rows = breakdown_rows(med)
+    ncols = max(len(datasets) for datasets, _ in rows)
+    # Each row as tall as its bars need, plus its titles and axis label.
+    heights = [1.5 + 0.26 * len(order) for _, order in rows]
+    fig = plt.figure(figsize=(MAX_WIDTH_IN, sum(heights)))
+    grid = fig.add_gridspec(len(rows), ncols, height_ratios=heights)
+    axes = []
+    for r, (datasets, order) in enumerate(rows):
+        for c, ds in enumerate(datasets):
+            ax = fig.add_subplot(grid[r, c])
+            _draw_bars(ax, med[med.dataset == ds].set_index("strategy").reindex(order).reset_index())
+            ax.set_yticks(range(len(order)), [plain_text(short_label(s, names)) for s in order] if c == 0 else [])
+            ax.set_ylim(len(order) - 0.5, -0.5)
+            axes.append(ax)
     fig.suptitle(title + " in multiples of the floor\n(medians over seeds; labels: median t_total)", fontweight="bold")
     bottom_legend(fig, axes[:1], ncol=3, top=0.97)
 
     growth = med[med.strategy.map(is_growth)].groupby("strategy")[[*PHASES, "t_total"]].median()
     caption = ("Bars split each strategy's median growth time into phases, in multiples of the same run's floor "
-               "(timed between its repeats, so slow periods of the machine cancel); a red ▶ marks a bar cut at "
-               "three times the panel's upper quartile.")
+               "(timed between its repeats, so slow periods of the machine cancel), each panel showing the "
+               "strategies run on its dataset; a red ▶ marks a bar cut at three times the panel's upper quartile.")
     if len(growth):
         fastest = growth.t_total.sort_values()
         n_line_search = int((growth[list(PHASES)].idxmax(axis=1) == "t_line_search").sum())
         share = float((growth.t_line_search / growth.t_total).median())
         caption += (f" The cheapest growth strategy relative to the floor is {short_label(fastest.index[0], names)} "
-                    f"({fastest.iloc[0]:.2g}× the floor), the most expensive {short_label(fastest.index[-1], names)} "
-                    f"({fastest.iloc[-1]:.2g}×); the line search is the largest phase for {n_line_search} of "
+                    f"({times(fastest.iloc[0])} the floor), the most expensive {short_label(fastest.index[-1], names)} "
+                    f"({times(fastest.iloc[-1])}); the line search is the largest phase for {n_line_search} of "
                     f"{len(growth)} growth strategies (median share {100 * share:.0f}%).")
     table = _phase_table(med, names)
     return FigureResult("breakdown", title, caption, fig, data=med, table=table,
@@ -180,11 +197,11 @@ def _draw_scaling(series: pd.DataFrame, sizes: list[str], specs: list[str], name
     for ax, axis in zip(axes, sizes, strict=True):
         s = series[series.axis == axis]
         for spec in specs:
-            times = s[s.strategy == spec].groupby("value").t_best.median() * 1e3
-            if len(times) >= 2:
-                fits.append(dict(axis=axis, strategy=spec, exponent=fit_exponent(times.index, times.values),
-                                 points=len(times)))
-                ax.plot(times.index, times.values, "o-", color=colors[spec], label=plain_text(short_label(spec, names)))
+            ms = s[s.strategy == spec].groupby("value").t_best.median() * 1e3
+            if len(ms) >= 2:
+                fits.append(dict(axis=axis, strategy=spec, exponent=fit_exponent(ms.index, ms.values),
+                                 points=len(ms)))
+                ax.plot(ms.index, ms.values, "o-", color=colors[spec], label=plain_text(short_label(spec, names)))
         floor = s.groupby("value").t_floor.median() * 1e3
         if len(floor) >= 2:
             fits.append(dict(axis=axis, strategy="floor", exponent=fit_exponent(floor.index, floor.values),
@@ -194,7 +211,7 @@ def _draw_scaling(series: pd.DataFrame, sizes: list[str], specs: list[str], name
         log_axis(ax, "y")
         fixed = s.iloc[0]
         others = ", ".join(f"{c}={fixed[c]}" for c in ("d_s", "d_e", "b", "d_k", "p") if c != axis)
-        ax.set_title(f"vary {axis}\n({plain_text(fixed.dataset)}, {others})", fontsize=10)
+        ax.set_title(f"vary {axis}\n({plain_text(fixed.dataset)}, {others})", fontsize=MIN_FONT_PT + 0.5)
         ax.set_xlabel(f"{axis} (log scale)")
         ax.set_ylabel("fastest repeat of t_total (ms, log scale)")
     fig.suptitle("Scaling of growth time with d_e, d_s and b: time ∝ size^α, least squares on log–log",

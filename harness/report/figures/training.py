@@ -8,8 +8,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from harness.report.figures.base import FigureResult, bottom_legend, log_axis, plain_text, theme
-from harness.report.figures.palette import BLACK, BLUE, HUES, ORANGE, shades
+from harness.report.figures.base import (
+    MAX_WIDTH_IN,
+    FigureResult,
+    bottom_legend,
+    facets,
+    log_axis,
+    plain_text,
+    si_ticks,
+    theme,
+)
+from harness.report.figures.palette import BLACK, BLUE, GREY, HUES, ORANGE, shades
 from harness.report.train_runs import (
     BASELINES,
     COMPARISONS,
@@ -24,7 +33,11 @@ from harness.report.train_runs import (
 from harness.report.train_verdict import comparison_text, measured_groups
 from harness.report.wording import four_digits, plural
 
-REFERENCE_GREY = "#bdbdbd"
+# The references of the variants figure: the design every variant changes one setting of, and the target size.
+REFERENCE_STYLES = {"default": dict(color=BLACK, ls="--", lw=2.2),
+                    "fixed-large": dict(color="#666666", ls="-.", lw=2.2)}
+# The most variants one panel of the variants figure shows (the references aside): more are not told apart.
+MAX_SERIES = 5
 # The methods' families: default growth alone, the baselines together, the fixed sizes together.
 METHOD_FAMILIES = {"default": "default", **dict.fromkeys(BASELINES, "baselines"),
                    "fixed-small": "fixed", "fixed-large": "fixed"}
@@ -66,54 +79,71 @@ def _clip(m: pd.DataFrame) -> tuple[float, float] | None:
     return float(lo - 0.05 * (late_hi - lo)), float(late_hi + 0.15 * (late_hi - lo))
 
 
-def _plot_lines(ax_flops, ax_steps, curves: pd.DataFrame, show: list[str], refs: list[str], styles: dict) -> None:
-    """Each variant's median curve (band min–max when several seeds) on both panels; references in grey."""
+def _plot_lines(targets: list[tuple[plt.Axes, str]], curves: pd.DataFrame, show: list[str], refs: list[str],
+                styles: dict) -> None:
+    """Each variant's median curve (band min–max when several seeds) on each ``(panel, x column)`` of ``targets``;
+    the references in black and grey, dashed and thick, named as references."""
     for v in refs:
         curve = curves[curves.variant == v]
-        for ax, x in ((ax_flops, curve.flops), (ax_steps, curve.step)):
+        for ax, x in targets:
             if len(curve):
-                ax.plot(x, curve.heldout, color=REFERENCE_GREY, lw=1.2, ls="--" if v.startswith("fixed") else "-",
-                        label=f"{plain_text(v)} (reference)", zorder=1)
+                ax.plot(curve[x], curve.heldout, label=f"{plain_text(v)} (reference)", zorder=2.5,
+                        **REFERENCE_STYLES.get(v, REFERENCE_STYLES["fixed-large"]))
     for v in show:
         curve = curves[curves.variant == v]
-        for ax, x in ((ax_flops, curve.flops), (ax_steps, curve.step)):
+        for ax, x in targets:
             if len(curve):
-                ax.plot(x, curve.heldout, label=plain_text(v), zorder=3, **styles[v])
+                ax.plot(curve[x], curve.heldout, label=plain_text(v), zorder=3, **styles[v])
                 if curve.seeds.max() > 1:
-                    ax.fill_between(x, curve.lo, curve.hi, color=styles[v]["color"], alpha=0.12, lw=0, zorder=2)
+                    ax.fill_between(curve[x], curve.lo, curve.hi, color=styles[v]["color"], alpha=0.12, lw=0,
+                                    zorder=2)
 
 
-def _mark_growths(ax_flops, ax_steps, runs: pd.DataFrame, curves: pd.DataFrame, panel: str) -> None:
-    """Dotted lines at default's growths, at their step and at the FLOPs spent by then."""
+def _mark_growths(targets: list[tuple[plt.Axes, str]], runs: pd.DataFrame, curves: pd.DataFrame, panel: str,
+                  color: str = BLUE) -> None:
+    """Dotted lines at default's growths, at their step (x column ``step``) or the FLOPs spent by then (``flops``)."""
     steps = growth_steps(runs, panel)
     default = curves[curves.variant == "default"]
     if not steps or default.empty:
         return
-    for i, (step, flops) in enumerate(zip(steps, np.interp(steps, default.step, default.flops), strict=True)):
-        label = "growth of default" if i == 0 else None
-        # Above the grid (which may fall on the same steps), below the curves.
-        ax_steps.axvline(step, color=BLUE, ls=":", lw=1.0, alpha=0.8, label=label, zorder=1.5)
-        ax_flops.axvline(flops, color=BLUE, ls=":", lw=1.0, alpha=0.8, label=label, zorder=1.5)
+    at = {"step": steps, "flops": np.interp(steps, default.step, default.flops)}
+    for ax, x in targets:
+        for i, value in enumerate(at[x]):
+            # Above the grid (which may fall on the same steps), below the curves.
+            ax.axvline(value, color=color, ls=":", lw=1.0, alpha=0.8, label="growth of default" if i == 0 else None,
+                       zorder=1.5)
 
 
-def _scale_axes(ax_flops, ax_steps, curves: pd.DataFrame, shown: pd.DataFrame, panel: str) -> None:
-    """Log y when the loss spans more than a decade, else clip the first steps; log FLOPs when they span a lot."""
+def _scale_y(axes: list[plt.Axes], shown: pd.DataFrame) -> str:
+    """Log y when the loss spans more than a decade, else the first steps clipped when they would squash the rest;
+    returns the y label that says which."""
     positive = shown.heldout[shown.heldout > 0]
     log_y = bool(len(positive)) and positive.max() / positive.min() > LOG_Y_RATIO
     limits = None if log_y else _clip(shown)
-    for ax in (ax_flops, ax_steps):
+    for ax in axes:
         if log_y:
             log_axis(ax, "y")
         elif limits is not None:
             ax.set_ylim(*limits)
-    # One label for the row (both panels show the same loss): on the right panel it would run into the left one.
-    ax_flops.set_ylabel("held-out loss (median over seeds" + (", log scale)" if log_y else
-                                                             "; early steps clipped)" if limits else ")"))
+    return "held-out loss (median over seeds" + (", log scale)" if log_y else "; early steps clipped)" if limits
+                                                 else ")")
+
+
+def _flops_axis(ax: plt.Axes, curves: pd.DataFrame) -> None:
+    """FLOPs on x, on a log scale when they span a lot, with SI prefixes."""
     flops = curves.flops[curves.flops > 0]
     log_x = bool(len(flops)) and flops.max() / flops.min() > LOG_X_RATIO
     if log_x:
-        log_axis(ax_flops, "x")
-    ax_flops.set_xlabel("FLOPs, training + growth (median over seeds" + (", log scale)" if log_x else ")"))
+        log_axis(ax, "x")
+    si_ticks(ax.xaxis)
+    ax.set_xlabel("FLOPs, training + growth (median over seeds" + (", log scale)" if log_x else ")"))
+
+
+def _scale_axes(ax_flops, ax_steps, curves: pd.DataFrame, shown: pd.DataFrame, panel: str) -> None:
+    """Both panels of a row: y as :func:`_scale_y`, FLOPs as :func:`_flops_axis`, steps with the tokens on top."""
+    # One label for the row (both panels show the same loss): on the right panel it would run into the left one.
+    ax_flops.set_ylabel(_scale_y([ax_flops, ax_steps], shown))
+    _flops_axis(ax_flops, curves)
     ax_steps.set_xlabel("optimiser step")
     _tokens_axis(ax_steps, curves)
     ax_flops.set_title(f"{plain_text(panel)}: against compute")
@@ -130,20 +160,57 @@ def _tokens_axis(ax_steps, curves: pd.DataFrame) -> None:
     top = ax_steps.secondary_xaxis("top", functions=(lambda s: s * per_step, lambda t: t / per_step))
     top.set_xlabel(f"training tokens seen ({per_step:g} per step)", fontsize="small")
     top.tick_params(labelsize="small")
+    si_ticks(top.xaxis)
 
 
-def _draw(runs: pd.DataFrame, med: pd.DataFrame, show: list[str], refs: list[str], title: str) -> plt.Figure:
+def _draw(runs: pd.DataFrame, med: pd.DataFrame, show: list[str], title: str) -> plt.Figure:
     """Rows of (held-out vs FLOPs, held-out vs step) panels, one row per panel of the runs."""
     panels = sorted(med[med.variant.isin(show)].panel.unique())
     fig, axes = plt.subplots(len(panels), 2, figsize=(11.2, 3.9 * len(panels) + 0.6), squeeze=False)
     styles = _styles(show)
     for (ax_flops, ax_steps), panel in zip(axes, panels, strict=True):
         curves = med[med.panel == panel]
-        _plot_lines(ax_flops, ax_steps, curves, show, refs, styles)
-        _mark_growths(ax_flops, ax_steps, runs, curves, panel)
-        _scale_axes(ax_flops, ax_steps, curves, curves[curves.variant.isin([*show, *refs])], panel)
+        targets = [(ax_flops, "flops"), (ax_steps, "step")]
+        _plot_lines(targets, curves, show, [], styles)
+        _mark_growths(targets, runs, curves, panel)
+        _scale_axes(ax_flops, ax_steps, curves, curves[curves.variant.isin(show)], panel)
     fig.suptitle(title, fontweight="bold")
     bottom_legend(fig, axes.flat, ncol=4)
+    return fig
+
+
+def variant_groups(variants: list[str]) -> list[tuple[str, list[str]]]:
+    """The variants in the comparison groups they belong to (each in its first), then the rest, at most
+    :data:`MAX_SERIES` to a group: one small panel each, with few enough lines to tell apart."""
+    groups, placed = [], set()
+    for group, names in COMPARISONS:
+        members = [v for v in names if v in variants and v not in placed]
+        if members:
+            groups.append((group, members))
+            placed.update(members)
+    rest = [v for v in variants if v not in placed]
+    groups += [("other variants", rest[i:i + MAX_SERIES]) for i in range(0, len(rest), MAX_SERIES)]
+    return groups
+
+
+def _draw_variants(runs: pd.DataFrame, med: pd.DataFrame, show: list[str], refs: list[str], title: str
+                   ) -> plt.Figure:
+    """One small panel per dataset and comparison group, against FLOPs: the group's variants in distinct hues,
+    ``refs`` (default and fixed-large) as references."""
+    cells = [(panel, group, members) for panel in sorted(med[med.variant.isin(show)].panel.unique())
+             for group, members in variant_groups([v for v in show if v in set(med.variant[med.panel == panel])])]
+    fig, axes = facets(len(cells), ncols=2, size=(MAX_WIDTH_IN / 2, 4.3))
+    for ax, (panel, group, members) in zip(axes, cells, strict=True):
+        curves = med[med.panel == panel]
+        styles = {v: dict(color=HUES[i % len(HUES)], lw=1.8) for i, v in enumerate(members)}
+        _plot_lines([(ax, "flops")], curves, members, refs, styles)
+        _mark_growths([(ax, "flops")], runs, curves, panel, color=GREY)
+        ax.set_ylabel(_scale_y([ax], curves[curves.variant.isin([*members, *refs])]))
+        _flops_axis(ax, curves)
+        ax.set_title(f"{plain_text(panel)}: {group}")
+        ax.legend(loc="upper right", framealpha=0.9)
+    fig.suptitle(title, fontweight="bold")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     return fig
 
 
@@ -197,7 +264,7 @@ def training_curves(runs: pd.DataFrame, curves: pd.DataFrame, table: pd.DataFram
     if not show:
         return FigureResult("train_curves", title, note="No successful training run of a single-head method at "
                                                         "default settings has a curve.")
-    fig = _draw(runs, med, show, [], title + "\n(medians over seeds, bands min–max)")
+    fig = _draw(runs, med, show, title + "\n(medians over seeds, bands min–max)")
     panels = sorted(med[med.variant.isin(show)].panel.unique())
     caption = ("Lines are medians over seeds at each evaluation step (seeds share steps), shaded bands the min–max "
                "over seeds; FLOPs count training steps and growths (statistics, direction, line search), not the "
@@ -219,7 +286,8 @@ def _variant_detail(table: pd.DataFrame, panel: str, show: list[str]) -> str:
 
 
 def training_variants(runs: pd.DataFrame, curves: pd.DataFrame, table: pd.DataFrame | None = None) -> FigureResult:
-    """Held-out loss against FLOPs and steps for every variant besides the default settings."""
+    """Held-out loss against FLOPs for every variant besides the default settings, one small panel per dataset and
+    group of variants compared with one another."""
     theme()
     title = "Growth during training: variants"
     runs, table, med = _prepared(runs, curves, table)
@@ -228,11 +296,13 @@ def training_variants(runs: pd.DataFrame, curves: pd.DataFrame, table: pd.DataFr
         return FigureResult("train_variants", title, note="No training variant beyond the single-head methods at "
                                                           "default settings (scale policies, Adam state reset, "
                                                           "bottleneck trigger, two heads) is in the database.")
-    fig = _draw(runs, med, show, ["default", "fixed-large"],
-                title + "\n(medians over seeds; default and fixed-large in grey)")
+    fig = _draw_variants(runs, med, show, ["default", "fixed-large"],
+                         title + " (medians over seeds; default and fixed-large as references)")
     panels = sorted(med[med.variant.isin(show)].panel.unique())
     caption = ("Each variant changes one setting of the default design (one head, scale policy rescale, Adam "
-               "state padded, growth on a schedule); lines are medians over seeds, dotted lines mark default's "
+               "state padded, growth on a schedule), one panel per group of variants compared with one another, "
+               "with default (black, dashed) and fixed-large (grey, dash-dotted) as references; lines are medians "
+               "over seeds, dotted lines mark default's "
                f"growths. Lowest final held-out loss among the variants: {_lowest(table, panels, show)}.")
     return FigureResult("train_variants", title, caption, fig, data=med[med.variant.isin(show)],
                         details=[_variant_detail(table, panel, show) for panel in panels])
