@@ -7,11 +7,16 @@ must pay on the same data: the two Gram sums over the batches plus one loss eval
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import fcntl
+import hashlib
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import median
 
 import numpy as np
@@ -377,20 +382,59 @@ def _along_the_path(strategy: strategies.GrowthStrategy, site: GrowthSite, r: st
     return scan, extra
 
 
-def _quality(site: GrowthSite, dZ: torch.Tensor, b: int, cache_dir: str | None) -> dict:
-    """:func:`strategies.metrics.quality` of ``dZ`` over every captured batch: the direction was fit to all of them."""
+def _captured(site: GrowthSite, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(G, X, mask)`` of head 0 over every captured batch, stacked: what the reference projection is of."""
     X = torch.cat([c.X for c in site.batches])
     G = torch.cat([c.G[0] for c in site.batches])
-    mask = _stack_mask(site.last[2], len(site.batches), b)
+    return G, X, _stack_mask(site.last[2], len(site.batches), b)
+
+
+def _quality(site: GrowthSite, dZ: torch.Tensor, b: int, cache_dir: str | None) -> dict:
+    """:func:`strategies.metrics.quality` of ``dZ`` over every captured batch: the direction was fit to all of them."""
+    G, X, mask = _captured(site, b)
     Z = site.scale * site.W_Q @ site.W_K.mT
     return metrics.quality(G, X, dZ, mask, reference_projection(G, X, mask, cache_dir), Z=Z)
+
+
+def site_lock_path(cfg: RunConfig, cache_dir: str) -> Path:
+    """The lock file of ``cfg``'s site in ``cache_dir`` (see :func:`_site_lock`)."""
+    site = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("strategy", "repeats")}
+    return Path(cache_dir) / f"site-{hashlib.sha256(json.dumps(site, sort_keys=True).encode()).hexdigest()[:32]}.lock"
+
+
+@contextlib.contextmanager
+def _site_lock(cfg: RunConfig, cache_dir: str | None) -> Iterator[None]:
+    """Hold, across worker processes, the lock of ``cfg``'s site (the configuration but its strategy and repeats)
+    while its model is trained and its reference projection solved.
+
+    The first run of a site pays for both and leaves them in the caches; another worker that starts the same site
+    meanwhile waits and reads them, instead of paying again (on the real model's contrastive task, 115 s of a
+    first run against 25 s of a later one, two workers on a busy 2-core machine). Without a cache folder, or one
+    that cannot hold the lock file, runs go on unlocked: the lock saves time, it decides nothing.
+    """
+    try:
+        if cache_dir is None:
+            raise FileNotFoundError("no cache folder")
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        handle = open(site_lock_path(cfg, cache_dir), "a")  # noqa: SIM115 - held open for the lock's lifetime below
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
     """Run one configuration; return its result columns (raises on failure)."""
     strategy = strategies.make(cfg.strategy)
-    ds, model = _trained(cfg, cache_dir)
-    site = growth_site(model, ds, cfg)
+    with _site_lock(cfg, cache_dir):
+        ds, model = _trained(cfg, cache_dir)
+        site = growth_site(model, ds, cfg)
+        reference_projection(*_captured(site, cfg.b), cache_dir)
     r, times, timing = _timed_growths(strategy, site, cfg)
     heldout = HeldOut.of(model, ds, cfg)
     heldout_after, heldout_decrease, heldout_se = heldout.decrease(_grown(model, r.W_Q, r.W_K))

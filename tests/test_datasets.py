@@ -466,7 +466,8 @@ def test_cache_corrupt_file_is_rebuilt(tmp_path, monkeypatch) -> None:
     first = state(warm(ds, tmp_path))
     (path,) = tmp_path.iterdir()
     path.write_bytes(b"\x00garbage, not a torch file" * 10)
-    again = state(warm(ds, tmp_path))
+    with pytest.warns(cache_mod.CacheWarning, match="unreadable"):  # said once, not left to the console
+        again = state(warm(ds, tmp_path))
     assert counter.calls == 2 and same_state(again, first)
     # The rebuilt file is valid again: the next call loads it.
     warm(ds, tmp_path)
@@ -485,16 +486,19 @@ def test_cache_stale_or_incompatible_entry_is_rebuilt(tmp_path, monkeypatch) -> 
     key = json.loads(blob["key_json"])
     key["cache_version"] = -1
     torch.save({"key_json": json.dumps(key), "state_dict": blob["state_dict"]}, path)
-    assert same_state(state(warm(ds, tmp_path)), first) and counter.calls == 2
+    with pytest.warns(cache_mod.CacheWarning, match="key"):
+        assert same_state(state(warm(ds, tmp_path)), first) and counter.calls == 2
 
     # Right key, wrong tensors: load_state_dict fails, the model is rebuilt from scratch.
     bad = {k: torch.zeros(1) for k in blob["state_dict"]}
     torch.save({"key_json": blob["key_json"], "state_dict": bad}, path)
-    assert same_state(state(warm(ds, tmp_path)), first) and counter.calls == 3
+    with pytest.warns(cache_mod.CacheWarning):
+        assert same_state(state(warm(ds, tmp_path)), first) and counter.calls == 3
 
     # Not even a dict.
     torch.save([1, 2, 3], path)
-    assert same_state(state(warm(ds, tmp_path)), first) and counter.calls == 4
+    with pytest.warns(cache_mod.CacheWarning, match="not a cache record"):
+        assert same_state(state(warm(ds, tmp_path)), first) and counter.calls == 4
 
 
 def test_cache_disabled_writes_nothing(tmp_path, monkeypatch) -> None:

@@ -185,7 +185,8 @@ def test_the_bar_counts_each_run_at_its_cost_and_names_it(tmp_path, monkeypatch)
     assert bar.given_total == pytest.approx(sum(costs))
     assert sorted(bar.updates) == pytest.approx(sorted(costs))
     assert bar.n == pytest.approx(bar.given_total)
-    for desc, config in zip(bar.descriptions, todo, strict=True):  # one process: runs finish in order
+    # One process: runs finish in the order the sweep gives them.
+    for desc, config in zip(bar.descriptions, sweep.in_run_order(todo, jobs=1), strict=True):
         assert config.dataset in desc and config.strategy in desc
 
 

@@ -77,3 +77,42 @@ def test_quick_preset_decides_every_regime_it_measures_and_thorough_holds_it():
     real = {c for c in quick if c.dataset.startswith("minilm")}
     assert {c.dataset.split(":")[0] for c in real} == {"minilm-recovery", "minilm-similarity"}
     assert len({c.seed for c in real}) >= 3
+
+
+def test_a_run_waits_for_the_worker_preparing_its_site(tmp_path):
+    """Two workers on one site: the second waits for the first's training and projection instead of paying again,
+    then measures the same numbers from the caches."""
+    import fcntl
+    import threading
+
+    from harness.measure import site_lock_path
+
+    config = RunConfig(strategy="zero", dataset="digits", d_s=4, d_e=8, b=8, d_k=2, p=2, n_batches=1, repeats=1,
+                       warmup_steps=3)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    rows = []
+    with open(site_lock_path(config, str(cache)), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another worker is preparing this site
+        worker = threading.Thread(target=lambda: rows.append(run_one(dataclasses.asdict(config), str(cache), 1)))
+        worker.start()
+        worker.join(timeout=2.0)
+        assert worker.is_alive() and not rows  # it waits
+        fcntl.flock(held, fcntl.LOCK_UN)
+    worker.join(timeout=120)
+    assert rows and rows[0]["status"] == "ok"
+    again = run_one(dataclasses.asdict(config), str(cache), 1)
+    assert again["optimality"] == rows[0]["optimality"] and again["loss_before"] == rows[0]["loss_before"]
+
+
+def test_run_order_keeps_every_run_and_puts_the_costliest_sites_first():
+    from harness.runner.sweep import expand, in_run_order, sweep_presets
+
+    configs = expand(sweep_presets()["quick"])
+    for jobs in (1, 2, 3):
+        ordered = in_run_order(configs, jobs)
+        assert sorted(map(repr, ordered)) == sorted(map(repr, configs))
+        assert ordered[0].dataset.startswith("minilm-similarity")
+    # Two workers start two different sites: the first two runs never share one.
+    first, second = in_run_order(configs, 2)[:2]
+    assert first.seed != second.seed or first.dataset != second.dataset

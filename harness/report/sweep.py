@@ -26,7 +26,7 @@ from harness.recommend import (
     what_to_use,
 )
 from harness.report.sections import Block, Facts, Link, Paragraph, Section, Span, Table
-from harness.report.wording import distinct, finished_range, first_line
+from harness.report.wording import distinct, duration, finished_range, first_line
 from harness.runner.sweep import expand, summary, sweep_presets
 from strategies.regimes import Regime, all_regimes
 from strategies.spec import default_specs
@@ -134,7 +134,7 @@ def evidence_table(rec: Recommendation) -> pd.DataFrame:
             "shortfall resolvable (80% power)": (f"{100 * e['resolvable_shortfall']:.2g}% of the best"
                                                  if e.get("resolvable_shortfall") is not None else "–"),
             "seeds lowered / raised": f"{e['seeds_lowered']} / {e['seeds_raised']}",
-            "time (ms)": e["time_ms"], **{QUALITY_NAMES[q]: e[q] for q in DIAGNOSTICS},
+            "time": duration(e["time_ms"]), **{QUALITY_NAMES[q]: e[q] for q in DIAGNOSTICS},
             "statistics tokens": e["statistics_tokens"], "tokens / d_e²": e["tokens_per_d_e2"],
         })
     return pd.DataFrame(rows)
@@ -155,8 +155,9 @@ def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> S
         "" if up is None else f"{up}: {_shorten(str(why).split('; ')[0])}"
         for up, why in zip(table.runner_up, table.runner_up_reason, strict=True)]
     table["heldout_gain"] = 100 * table.heldout_gain
+    table["time_ms"] = table.time_ms.map(duration)
     table = table.drop(columns=["runner_up", "runner_up_reason", "datasets"]).rename(columns={
-        "time_ms": "time (ms)", "x_floor": "× floor", "heldout_gain": "held-out gain (%)",
+        "time_ms": "time", "x_floor": "× floor", "heldout_gain": "held-out gain (%)",
         **{q: QUALITY_NAMES[q] for q in DIAGNOSTICS}})
     missing = [r for r in all_regimes() if r.key not in recs]
     blocks: list[Block] = [
@@ -168,7 +169,7 @@ def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> S
                      "saw (median over the regime's datasets of the mean over seeds); optimality, path efficiency "
                      "and the batch gain are diagnostics of the step on the batches it was fitted to."),
         Table(table.drop(columns="fallback"), wide=("runner-up: why it lost",),
-              formats={"× floor": ".3g", "time (ms)": ".3g", "held-out gain (%)": "+.3g",
+              formats={"× floor": ".3g", "held-out gain (%)": "+.3g",
                        **{QUALITY_NAMES[q]: ".3g" for q in DIAGNOSTICS}}),
     ]
     for key, rec in recs.items():
@@ -243,7 +244,8 @@ def recommendation_sections(rec: Recommendation | None, error: str | None, ancho
                                 [Table(evidence_table(rec), formats={"held-out gain (%)": "+.3g"})], level=3,
                                 folded="the choice against the best, per dataset"))
     runners_up = rec.runners_up[["rank", "strategy", "preset", "time_ms", "x_floor", "reason"]].rename(
-        columns={"time_ms": "median time (ms)", "x_floor": "× floor"})
+        columns={"time_ms": "median time", "x_floor": "× floor"})
+    runners_up["median time"] = runners_up["median time"].map(duration)
     ranks = [Paragraph.of(rank_note(rec))] if rec.spec is not None else []
     sections.append(Section("Runners-up, by median time, with the reason they lost",
                             [*ranks, Table(runners_up, wide=("reason",))], level=3,

@@ -10,16 +10,17 @@ from datasets import parse_dataset
 
 #: Relative cost of a run per dataset at equal sizes (a synthetic dataset is about 1). Calibrated on the quick
 #: sweep's run times in results/growbench.sqlite (finished_at - started_at), so that a unit of cost takes about
-#: the same time on every dataset (about 0.26 s there). The real model's datasets rerun MiniLM's layers at
-#: every loss evaluation: at their sizes (d_e = 384, 8 windows of 32 tokens, 2 statistics batches) a run costs
-#: 30-70 times a quick teacher run; the contrastive one also trains 20 warm-up steps. A dataset not listed costs 1.
+#: the same time on every dataset (about 0.26 s there; 0.75 s with two workers on a busy 2-core machine). The
+#: real model's datasets rerun MiniLM's layers at every loss evaluation: at their sizes (d_e = 384, 8 windows of
+#: 32 tokens, 2 statistics batches) a run costs 30-70 times a quick teacher run; the contrastive one also trains
+#: 20 warm-up steps. A dataset not listed costs 1.
 DATASET_COST = {
     "teacher": 1.0,
     "icl-regression": 1.0,
     "digits": 1.0,
     "text": 1.7,
-    "minilm-recovery": 23.0,
-    "minilm-similarity": 44.0,
+    "minilm-recovery": 30.0,
+    "minilm-similarity": 70.0,
 }
 
 #: The sizes of the reference run, which costs 1 on a dataset of cost 1: the quick sweep's teacher.

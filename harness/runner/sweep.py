@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterable
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import pandas as pd
 
@@ -177,9 +177,11 @@ def sweep_presets() -> dict[str, list[dict]]:
     quick = [dict(strategies=ablation, datasets=[name], **sizes, seeds=RULE_SEEDS, devices=["cpu"], n_batches=4,
                   repeats=3, warmup_steps=300, heldout_batches=HELDOUT_BATCHES_FOR.get(name, HELDOUT_BATCHES))
              for name, sizes in QUICK_SIZES.items()]
-    small_scaling = scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
-                                  {"d_e": [16, 64, 128], "d_s": [8, 64, 128], "b": [16, 128, 256]},
-                                  seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300)
+    def small_scaling(top: list[int]) -> list[dict]:
+        return scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
+                             {"d_e": [16, 64, *top], "d_s": [8, 64, *top], "b": [16, 128, *(2 * t for t in top)]},
+                             seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300)
+
     return {
         "smoke": [dict(strategies=_PRESET_STRATEGIES, datasets=list(DATASET_NAMES), d_s=[16], d_e=[16], b=[16],
                        d_k=[2], p=[2], seeds=[0], devices=["cpu"], n_batches=2, repeats=1, warmup_steps=30)],
@@ -187,17 +189,20 @@ def sweep_presets() -> dict[str, list[dict]]:
         "gpu": [*({**g, "devices": ["cuda"]} for g in quick), *scale_grids(["cuda"], seeds=[0, 1, 2], repeats=5),
                 *pretrained_grids(ALL_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5),
                 *statistics_tokens_grids(["cuda"], [1, 16, 64], RULE_SEEDS, [1, 8, 32], PRETRAINED_SEEDS)],
+        # Fits the main job's 20 minutes on a busy 2-core machine (docs/results.md): the statistics-tokens study at
+        # one batch (the ablation has its four), the scaling up to 64.
         "quick": [
             *quick,
-            *small_scaling,
+            *small_scaling([]),
             *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
-            *statistics_tokens_grids(["cpu"], [1, 16], RULE_SEEDS, [], []),
+            *statistics_tokens_grids(["cpu"], [1], RULE_SEEDS, [], []),
         ],
-        # The quick sweep with the real model's evidence widened: an early head, each judging component alone,
-        # the formulas as references, and the statistics-tokens study there too (about 30 minutes on 2 cores).
+        # The quick sweep widened: an early head of the real model, each judging component alone there, the
+        # formulas as references, the statistics-tokens study at 16 batches and on the real model, the scaling to
+        # 128 (about 30 minutes on 2 cores).
         "thorough": [
             *quick,
-            *small_scaling,
+            *small_scaling([128]),
             *pretrained_grids(THOROUGH_HEADS, ["cpu"], THOROUGH_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
             *pretrained_grids(THOROUGH_HEADS, ["cpu"], PRETRAINED_REFERENCES, [0], repeats=3),
             *statistics_tokens_grids(["cpu"], [1, 16], RULE_SEEDS, [1, 4], [0, 1]),
@@ -212,6 +217,29 @@ def sweep_presets() -> dict[str, list[dict]]:
             *statistics_tokens_grids(["cpu", "cuda"], [1, 16, 64], RULE_SEEDS, [1, 8, 32], [0, 1, 2, 3, 4]),
         ],
     }
+
+
+def in_run_order(configs: list[RunConfig], jobs: int) -> list[RunConfig]:
+    """``configs`` in the order a sweep runs them: the costliest sites first, and with ``jobs`` workers, the runs
+    of ``jobs`` sites interleaved.
+
+    A site (a configuration but its strategy and repeats) is trained, captured and projected by its first run
+    and read from the caches by the others. Two workers starting the same site at once would both pay for it
+    (on the real model's contrastive task, 115 s of a first run against 25 s of a later one, 2 workers on a busy
+    2-core machine); interleaving sites gives each its first run alone. The costliest sites go first, so that no
+    worker is left alone on a long one at the end.
+    """
+    sites: dict[tuple, list[RunConfig]] = {}
+    for c in configs:
+        sites.setdefault(tuple(v for k, v in asdict(c).items() if k not in ("strategy", "repeats")), []).append(c)
+    groups = sorted(sites.values(), key=lambda g: -sweep_cost(asdict(g[0])))
+    if jobs == 1:
+        return [c for g in groups for c in g]
+    out = []
+    for i in range(0, len(groups), jobs):
+        chunk = groups[i:i + jobs]
+        out += [c for layer in itertools.zip_longest(*chunk) for c in layer if c is not None]
+    return out
 
 
 def runs_outside(frame: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
@@ -333,7 +361,8 @@ def run_sweep(
     check_run_timeout(run_timeout, backend)
     check_runs(configs, jobs=jobs, max_memory=max_memory, strict_devices=False)
     with ResultsDB(db_path) as db:
-        return run_pending(db, configs, functools.partial(run_one, cache_dir=cache_dir), jobs=jobs, threads=threads,
+        return run_pending(db, in_run_order(configs, jobs), functools.partial(run_one, cache_dir=cache_dir),
+                           jobs=jobs, threads=threads,
                            resume=resume, retry_failed=retry_failed, progress=progress, backend=backend,
                            scheduler=scheduler, run_timeout=run_timeout, cost=sweep_cost)
 
