@@ -434,7 +434,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("run", help="run an ablation sweep into the results database",
                             description="Run the product strategies × datasets × sizes × seeds × devices. "
                                         "List options override the preset's values.")
-    parser.add_argument("--preset", help="sweep preset: smoke (<1 min), quick (<10 min), full")
+    parser.add_argument("--preset", help="sweep preset: smoke (<1 min), quick (the main job's, ~13 min with --jobs 2 "
+                                         "on a busy 2-core machine), thorough (~30 min), gpu, full (days)")
     parser.add_argument("--strategies", type=_csv(str), help="comma-separated specs or preset names")
     parser.add_argument("--datasets", type=_csv(str), help="comma-separated dataset names")
     for axis, what in (("d-s", "sequence lengths"), ("d-e", "embedding widths"), ("b", "batch sizes"),

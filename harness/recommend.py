@@ -59,6 +59,7 @@ from scipy import stats
 
 import strategies
 from harness.files import replace_file
+from harness.store.dbfile import DatabaseFileError
 from harness.store.results import read_runs
 from harness.store.schema import RUNS
 from strategies.regimes import Regime, all_regimes
@@ -134,7 +135,17 @@ def load_frame(db_path: str | Path) -> pd.DataFrame:
     if n_ok == 0:
         first = first_error(frame.error)
         raise NoResults(f"no successful runs in {path}: all {len(frame)} runs failed (first error: {first})")
+    ok = frame[frame.status == "ok"]
+    for column in CONFIGURATION_COLUMNS:
+        missing = ok[column].isna().to_numpy().nonzero()[0]
+        if len(missing):
+            raise DatabaseFileError(f"{path}: damaged growbench database: a successful run has no {column} "
+                                    f"(run {ok.key.iloc[missing[0]]!r}); growbench stores it with every run")
     return frame
+
+
+#: What every successful run was measured at: the rule groups and compares runs by these.
+CONFIGURATION_COLUMNS = ("strategy", "dataset", "device", "d_s", "d_e", "b", "d_k", "p", "seed", "n_batches")
 
 
 def first_error(errors: pd.Series) -> str:

@@ -489,3 +489,29 @@ def test_cache_files_are_the_users_own_and_symlinks_are_replaced_not_followed(tm
     capsys.readouterr()
     assert victim.read_bytes() == b"the user's own file"
     assert all(p.is_file() and not p.is_symlink() for p in files)
+
+
+def test_a_successful_run_without_its_configuration_is_refused_naming_the_column(tmp_path):
+    """A NULL where growbench stores a run's width: one line naming the column, exit 2, the file untouched."""
+    import shutil
+    import sqlite3
+    import subprocess
+    import sys
+
+    db = tmp_path / "r.sqlite"
+    assert subprocess.run([sys.executable, "-m", "harness.cli", "run", "--strategies", "zero", "--datasets", "digits",
+                           "--d-s", "4", "--d-e", "8", "--b", "8", "--d-k", "2", "--p", "2", "--repeats", "1",
+                           "--n-batches", "1", "--warmup-steps", "3", "--db", str(db), "--cache-dir",
+                           str(tmp_path / "c"), "--no-progress"], capture_output=True).returncode == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE runs SET d_e = NULL")
+    conn.close()
+    kept = tmp_path / "kept.sqlite"
+    shutil.copy(db, kept)
+    for command in ("recommend", "report"):
+        done = subprocess.run([sys.executable, "-m", "harness.cli", command, "--db", str(db),
+                               *(["--out", str(tmp_path / "rep")] if command == "report" else [])],
+                              capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "d_e" in done.stderr and "Traceback" not in done.stderr
+        assert db.read_bytes() == kept.read_bytes()

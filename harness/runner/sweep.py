@@ -178,8 +178,10 @@ def sweep_presets() -> dict[str, list[dict]]:
                   repeats=3, warmup_steps=300, heldout_batches=HELDOUT_BATCHES_FOR.get(name, HELDOUT_BATCHES))
              for name, sizes in QUICK_SIZES.items()]
     def small_scaling(top: list[int]) -> list[dict]:
+        # Each axis at three values or more around the centre (d_e = d_s = 32, b = 64): what a slope needs.
         return scaling_grids(dict(d_s=[32], d_e=[32], b=[64], d_k=[4], p=[4]),
-                             {"d_e": [16, 64, *top], "d_s": [8, 64, *top], "b": [16, 128, *(2 * t for t in top)]},
+                             {"d_e": [16, 32, 64, *top], "d_s": [8, 32, 64, *top],
+                              "b": [16, 64, 128, *(2 * t for t in top)]},
                              seeds=[0], devices=["cpu"], n_batches=2, repeats=3, warmup_steps=300)
 
     return {
@@ -190,12 +192,12 @@ def sweep_presets() -> dict[str, list[dict]]:
                 *pretrained_grids(ALL_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5),
                 *statistics_tokens_grids(["cuda"], [1, 16, 64], RULE_SEEDS, [1, 8, 32], PRETRAINED_SEEDS)],
         # Fits the main job's 20 minutes on a busy 2-core machine (docs/results.md): the statistics-tokens study at
-        # one batch (the ablation has its four), the scaling up to 64.
+        # one and two batches on four seeds (the ablation has four batches), the scaling up to 64.
         "quick": [
             *quick,
             *small_scaling([]),
             *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
-            *statistics_tokens_grids(["cpu"], [1], RULE_SEEDS, [], []),
+            *statistics_tokens_grids(["cpu"], [1, 2], RULE_SEEDS[:4], [], []),
         ],
         # The quick sweep widened: an early head of the real model, each judging component alone there, the
         # formulas as references, the statistics-tokens study at 16 batches and on the real model, the scaling to
@@ -205,7 +207,7 @@ def sweep_presets() -> dict[str, list[dict]]:
             *small_scaling([128]),
             *pretrained_grids(THOROUGH_HEADS, ["cpu"], THOROUGH_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
             *pretrained_grids(THOROUGH_HEADS, ["cpu"], PRETRAINED_REFERENCES, [0], repeats=3),
-            *statistics_tokens_grids(["cpu"], [1, 16], RULE_SEEDS, [1, 4], [0, 1]),
+            *statistics_tokens_grids(["cpu"], [1, 2, 16], RULE_SEEDS, [1, 4], [0, 1]),
         ],
         "full": [
             dict(strategies=strategies.specs(), datasets=list(DATASET_NAMES), d_s=[64], d_e=[64], b=[256], d_k=[8],
