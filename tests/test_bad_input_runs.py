@@ -26,7 +26,7 @@ import torch
 from conftest import anisotropic_X, causal, random_G
 from helpers import ROOT
 from test_cache_integrity import patch_bytes, tensor_offset
-from test_db_schema import TINY, digest, growbench_db, one_line_naming, sql
+from test_db_schema import COMMANDS, TINY, digest, growbench_db, one_line_naming, sql
 
 import datasets
 import harness.measure as measure
@@ -47,14 +47,6 @@ from harness.validate import (
     warmup_seconds,
 )
 from strategies import metrics
-
-COMMANDS = {
-    "run": lambda db, tmp: ["run", *TINY, "--db", str(db), "--cache-dir", str(tmp / "cache")],
-    "train": lambda db, tmp: ["train", "--preset", "smoke", "--no-progress", "--db", str(db)],
-    "export": lambda db, tmp: ["export", "--db", str(db), "--out", str(tmp / "out.csv")],
-    "report": lambda db, tmp: ["report", "--db", str(db), "--out", str(tmp / "report")],
-    "recommend": lambda db, tmp: ["recommend", "--db", str(db)],
-}
 
 
 def refused_untouched(capsys, tmp_path: Path, db: Path, argv: list[str], ours: bool = False) -> str:
