@@ -243,7 +243,7 @@ def step_quality(strategy: strategies.Strategy, site: GrowthSite, cfg: RunConfig
     """One growth of ``strategy`` at ``site`` and its quality columns (:func:`strategies.metrics.quality`),
     without the timing repeats, the held-out loss and the λ scan that :func:`measure` adds."""
     r = site.grow(strategy, cfg.p)
-    return r, _quality(site, r.dZ, cfg.b, cache_dir)
+    return r, _quality(site, r.dZ, Reference.of(site, cfg.b, cache_dir))
 
 
 def _trained(cfg: RunConfig, cache_dir: str | None) -> tuple[Dataset, GrowthModel]:
@@ -382,42 +382,58 @@ def _along_the_path(strategy: strategies.GrowthStrategy, site: GrowthSite, r: st
     return scan, extra
 
 
-def _captured(site: GrowthSite, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(G, X, mask)`` of head 0 over every captured batch, stacked: what the reference projection is of."""
-    X = torch.cat([c.X for c in site.batches])
-    G = torch.cat([c.G[0] for c in site.batches])
-    return G, X, _stack_mask(site.last[2], len(site.batches), b)
+@dataclass
+class Reference:
+    """Head 0's data over every captured batch, stacked, and its reference projection: what a step is scored on."""
+
+    G: torch.Tensor
+    X: torch.Tensor
+    mask: torch.Tensor | None
+    projection: tuple[torch.Tensor, strategies.cg.CGInfo]
+
+    @classmethod
+    def of(cls, site: GrowthSite, b: int, cache_dir: str | None) -> Reference:
+        """The stacked captures of ``site`` and their projection (:func:`reference_projection`)."""
+        X = torch.cat([c.X for c in site.batches])
+        G = torch.cat([c.G[0] for c in site.batches])
+        mask = _stack_mask(site.last[2], len(site.batches), b)
+        return cls(G, X, mask, reference_projection(G, X, mask, cache_dir))
 
 
-def _quality(site: GrowthSite, dZ: torch.Tensor, b: int, cache_dir: str | None) -> dict:
+def _quality(site: GrowthSite, dZ: torch.Tensor, ref: Reference) -> dict:
     """:func:`strategies.metrics.quality` of ``dZ`` over every captured batch: the direction was fit to all of them."""
-    G, X, mask = _captured(site, b)
     Z = site.scale * site.W_Q @ site.W_K.mT
-    return metrics.quality(G, X, dZ, mask, reference_projection(G, X, mask, cache_dir), Z=Z)
+    return metrics.quality(ref.G, ref.X, dZ, ref.mask, ref.projection, Z=Z)
+
+
+def site_key(cfg: RunConfig) -> dict:
+    """What a configuration's site is (the configuration but its strategy and repeats): every run of a site shares
+    its trained model, captures and reference projection."""
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("strategy", "repeats")}
 
 
 def site_lock_path(cfg: RunConfig, cache_dir: str) -> Path:
     """The lock file of ``cfg``'s site in ``cache_dir`` (see :func:`_site_lock`)."""
-    site = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("strategy", "repeats")}
-    return Path(cache_dir) / f"site-{hashlib.sha256(json.dumps(site, sort_keys=True).encode()).hexdigest()[:32]}.lock"
+    digest = hashlib.sha256(json.dumps(site_key(cfg), sort_keys=True).encode()).hexdigest()[:32]
+    return Path(cache_dir) / f"site-{digest}.lock"
 
 
 @contextlib.contextmanager
 def _site_lock(cfg: RunConfig, cache_dir: str | None) -> Iterator[None]:
-    """Hold, across worker processes, the lock of ``cfg``'s site (the configuration but its strategy and repeats)
-    while its model is trained and its reference projection solved.
+    """Hold, across worker processes, the lock of ``cfg``'s site (:func:`site_key`) while its model is trained and
+    its reference projection solved.
 
     The first run of a site pays for both and leaves them in the caches; another worker that starts the same site
     meanwhile waits and reads them, instead of paying again (on the real model's contrastive task, 115 s of a
     first run against 25 s of a later one, two workers on a busy 2-core machine). Without a cache folder, or one
     that cannot hold the lock file, runs go on unlocked: the lock saves time, it decides nothing.
     """
-    try:
-        if cache_dir is None:
-            raise FileNotFoundError("no cache folder")
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        handle = open(site_lock_path(cfg, cache_dir), "a")  # noqa: SIM115 - held open for the lock's lifetime below
-    except OSError:
+    handle = None
+    if cache_dir is not None:
+        with contextlib.suppress(OSError):
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+            handle = open(site_lock_path(cfg, cache_dir), "a")  # noqa: SIM115 - held open for the lock's lifetime
+    if handle is None:
         yield
         return
     with handle:
@@ -434,7 +450,7 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
     with _site_lock(cfg, cache_dir):
         ds, model = _trained(cfg, cache_dir)
         site = growth_site(model, ds, cfg)
-        reference_projection(*_captured(site, cfg.b), cache_dir)
+        ref = Reference.of(site, cfg.b, cache_dir)
     r, times, timing = _timed_growths(strategy, site, cfg)
     heldout = HeldOut.of(model, ds, cfg)
     heldout_after, heldout_decrease, heldout_se = heldout.decrease(_grown(model, r.W_Q, r.W_K))
@@ -447,7 +463,7 @@ def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:
         scan, scan_extra = _along_the_path(strategy, site, r, model, heldout, cfg.d_k + cfg.p, curve=cfg.seed == 0)
         extra.update(scan_extra)
     return {
-        **_quality(site, r.dZ, cfg.b, cache_dir),
+        **_quality(site, r.dZ, ref),
         "loss_before": r.loss_before,
         "loss_after": r.loss_after,
         "loss_decrease": r.loss_before - r.loss_after,

@@ -17,7 +17,7 @@ import pandas as pd
 import strategies
 from datasets import DATASETS, PRETRAINED_DATASETS
 from harness.env import DEFAULT_THREADS
-from harness.measure import HELDOUT_BATCHES, RunConfig, run_one
+from harness.measure import HELDOUT_BATCHES, RunConfig, run_one, site_key
 from harness.runner.cost import sweep_cost
 from harness.runner.pool import check_run_timeout, run_pending
 from harness.store.results import ResultsDB
@@ -104,7 +104,8 @@ PRETRAINED_STRATEGIES = [*SCALE_CANDIDATES, "formula1", "formula2", "joint"]
 #: The quick sweep's candidates for the default at d_e = 384 (cpu, 128 < d_e ≤ 1024): the ablation's centre, the
 #: centre without its shrinkage (what the shrinkage buys), and the earlier default (the plain solve). Each run costs
 #: seconds there: the main job's 20 minutes allow these three.
-QUICK_PRETRAINED_STRATEGIES = [_rsvd(ABLATION_CENTRE), _rsvd(ABLATION_CENTRE.replace("+shrink", "")),
+QUICK_PRETRAINED_STRATEGIES = [_rsvd(ABLATION_CENTRE),
+                               str(strategies.Spec.parse(_rsvd(ABLATION_CENTRE)).replace(shrink=False)),
                                "gram/solve/rsvd+metric/normal:bracket"]
 #: The thorough sweep's candidates there: each judging component alone and together, and the earlier default.
 THOROUGH_PRETRAINED_STRATEGIES = [*QUICK_PRETRAINED_STRATEGIES, "gram/ridge/rsvd+metric/normal+holdout:bracket",
@@ -225,7 +226,7 @@ def in_run_order(configs: list[RunConfig], jobs: int) -> list[RunConfig]:
     """``configs`` in the order a sweep runs them: the costliest sites first, and with ``jobs`` workers, the runs
     of ``jobs`` sites interleaved.
 
-    A site (a configuration but its strategy and repeats) is trained, captured and projected by its first run
+    A site (:func:`harness.measure.site_key`) is trained, captured and projected by its first run
     and read from the caches by the others. Two workers starting the same site at once would both pay for it
     (on the real model's contrastive task, 115 s of a first run against 25 s of a later one, 2 workers on a busy
     2-core machine); interleaving sites gives each its first run alone. The costliest sites go first, so that no
@@ -233,7 +234,7 @@ def in_run_order(configs: list[RunConfig], jobs: int) -> list[RunConfig]:
     """
     sites: dict[tuple, list[RunConfig]] = {}
     for c in configs:
-        sites.setdefault(tuple(v for k, v in asdict(c).items() if k not in ("strategy", "repeats")), []).append(c)
+        sites.setdefault(tuple(site_key(c).values()), []).append(c)
     groups = sorted(sites.values(), key=lambda g: -sweep_cost(asdict(g[0])))
     if jobs == 1:
         return [c for g in groups for c in g]

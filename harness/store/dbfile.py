@@ -330,20 +330,6 @@ def _use_wal(conn: sqlite3.Connection) -> None:
             time.sleep(0.01)
 
 
-def check_output_file(path: str | Path) -> None:
-    """Refuse an output file path whose folder is missing or read-only, or that is a directory."""
-    path = Path(path)
-    folder = path.parent
-    if path.is_dir():
-        raise DatabaseFileError(f"{path}: is a directory; give a file name")
-    if not folder.is_dir():
-        raise DatabaseFileError(f"{path}: its folder {folder} does not exist")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise DatabaseFileError(f"{path}: the file is read-only")
-    if not path.exists() and not os.access(folder, os.W_OK | os.X_OK):
-        raise DatabaseFileError(f"{path}: its folder {folder} is not writable")
-
-
 def check_output_dir(path: str | Path) -> None:
     """Refuse an output folder path that is a file, or whose nearest existing ancestor is not a writable folder."""
     path = Path(path)
