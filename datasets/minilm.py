@@ -33,6 +33,11 @@ head of ``layer``, and ``all`` every head of every layer, through
 model: ``minilm-recovery`` is then distillation to the original model's output,
 ``minilm-similarity`` fine-tuning on its own objective).
 
+Option ``corpus`` chooses the text: ``pydoc`` (the default, Python's help texts) or the path of
+a UTF-8 text file of the user's (no ``:`` in it; at most :data:`CORPUS_MAX_BYTES`), split 90/10
+into train and test windows the same way; its sha256 is part of the options, so runs on two
+different files never share a key or a cache entry. Nothing in the file is run.
+
 ``source="random"`` builds the same architecture from its config with seeded random
 weights and a byte-level stand-in tokenizer: the same code path, without the package
 (what CI tests).
@@ -45,6 +50,7 @@ import functools
 import hashlib
 import importlib.util
 import math
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +73,10 @@ CLS_ID, SEP_ID = 101, 102
 #: The stand-in tokenizer maps UTF-8 byte v to id BYTE_OFFSET + v (ordinary word-piece ids).
 BYTE_OFFSET = 1000
 SOURCES = ("pretrained", "random")
+#: The corpus option's name for the built-in text (Python's help texts, :func:`datasets.text.corpus`).
+BUILTIN_CORPUS = "pydoc"
+#: A corpus file larger than this is refused: tokenising it would take minutes and hold its ids in memory.
+CORPUS_MAX_BYTES = 64 * 2**20
 #: Heads made growable: the one head (layer, head), every head of `layer`, every head of every layer.
 NARROW = ("head", "layer", "all")
 #: Eager attention: the Newton line search differentiates the loss twice in the scores, and the fused
@@ -158,10 +168,58 @@ def load_encoder(source: str, seed: int = 0):
     return model
 
 
-@functools.cache
-def token_stream(source: str) -> Tensor:
-    """The ``pydoc_data`` corpus as one stream of token ids, (n,) int64, without special tokens."""
-    text = corpus()
+def corpus_text(name: str, dataset: str = "minilm") -> tuple[str, str]:
+    """The text of option ``corpus`` and its sha256 (hex).
+
+    Parameters
+    ----------
+    name : str
+        :data:`BUILTIN_CORPUS` or the path of a UTF-8 text file.
+    dataset : str
+        The dataset's name, for the messages.
+
+    Raises
+    ------
+    ValueError
+        One line naming the file: missing, not a regular file (a FIFO would block), larger than
+        :data:`CORPUS_MAX_BYTES`, not UTF-8 (with the byte offset), or holding no text.
+    """
+    if name == BUILTIN_CORPUS:
+        text = corpus()
+        return text, hashlib.sha256(text.encode()).hexdigest()
+    path = Path(name)
+    what = f"{dataset}: corpus {name!r}"
+    try:
+        info = path.stat()
+    except OSError as e:
+        raise ValueError(f"{what}: cannot be read ({e.strerror or type(e).__name__}); give a UTF-8 text file "
+                         f"or {BUILTIN_CORPUS!r}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{what}: not a regular file")
+    if info.st_size > CORPUS_MAX_BYTES:
+        raise ValueError(f"{what}: {info.st_size} bytes, more than the {CORPUS_MAX_BYTES} a corpus may have")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{what}: cannot be read ({e.strerror or type(e).__name__})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what}: not UTF-8 text (byte {e.start})") from None
+    if not text.strip():
+        raise ValueError(f"{what}: holds no text")
+    return text, hashlib.sha256(raw).hexdigest()
+
+
+def token_stream(source: str, corpus_name: str = BUILTIN_CORPUS) -> Tensor:
+    """Option ``corpus``'s text as one stream of token ids, (n,) int64, without special tokens."""
+    text, digest = corpus_text(corpus_name)
+    return _tokens(source, text, digest)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokens(source: str, text: str, digest: str) -> Tensor:
+    """The token ids of ``text`` (cached by its content: ``digest`` is its sha256)."""
     if source == "random":
         return BYTE_OFFSET + torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).long()
     from tokenizers import Tokenizer
@@ -252,7 +310,8 @@ def contrastive_loss(H: Tensor, labels: Tensor) -> Tensor:
 class _MiniLMDataset(Dataset):
     """Shared by both MiniLM datasets: options, the token stream, windows and the model."""
 
-    defaults: dict[str, Any] = {"layer": 2, "head": 0, "source": "pretrained", "narrow": "head"}
+    defaults: dict[str, Any] = {"layer": 2, "head": 0, "source": "pretrained", "narrow": "head",
+                                "corpus": BUILTIN_CORPUS}
     pair_inputs = False
 
     def __init__(self, d_e: int, d_s: int, seed: int = 0, **options: Any) -> None:
@@ -265,7 +324,7 @@ class _MiniLMDataset(Dataset):
         if not 3 <= self.d_s <= MINILM_CONFIG["max_position_embeddings"]:
             raise ValueError(f"{self.name}: d_s must be in 3..{MINILM_CONFIG['max_position_embeddings']}, "
                              f"got {self.d_s}")
-        self._stream = token_stream(o["source"])
+        self._stream = token_stream(o["source"], o["corpus"])
         self.boundary = int(TRAIN_FRACTION * self._stream.shape[0])
         need = (2 if self.pair_inputs else 1) * (self.d_s - 2)
         if need >= self._stream.shape[0] - self.boundary:
@@ -274,12 +333,16 @@ class _MiniLMDataset(Dataset):
         self._reference = load_encoder(o["source"], self.seed if o["source"] == "random" else 0)
 
     def options(self) -> dict[str, Any]:
-        """Layer, head, source and ``narrow`` (left out at its default ``head``, so one head's
-        options are what they were before it existed); the weights' sha256 prefix identifies
-        the pretrained model."""
+        """Layer, head, source, ``narrow`` and ``corpus`` (each left out at its default, ``head`` and
+        ``pydoc``, so that a run's options are what they were before the option existed); a corpus
+        file's sha256 prefix identifies its text, the weights' the pretrained model."""
         out = dict(self._options)
         if out["narrow"] == "head":
             del out["narrow"]
+        if out["corpus"] == BUILTIN_CORPUS:
+            del out["corpus"]
+        else:
+            out["corpus_sha256"] = corpus_text(out["corpus"], self.name)[1][:16]
         if out["source"] == "pretrained":
             out["weights_sha256"] = _weights_digest(model_dir() / "model.safetensors")
         return out
@@ -404,13 +467,14 @@ def check_options(name: str, options: dict[str, Any]) -> None:
     name : str
         The dataset's name, for the messages.
     options : dict
-        Any of ``layer``, ``head``, ``source``, ``narrow`` (strings from a dataset spec, or typed).
+        Any of ``layer``, ``head``, ``source``, ``narrow``, ``corpus`` (strings from a dataset spec, or typed).
 
     Raises
     ------
     ValueError
         A layer or head out of range, an unknown source or ``narrow`` (the message lists the
-        valid values), or ``transformers`` missing (the message names the ``real`` extra).
+        valid values), a corpus file that cannot serve (:func:`corpus_text`), or ``transformers``
+        missing (the message names the ``real`` extra).
     """
     n_layers, n_heads = MINILM_CONFIG["num_hidden_layers"], MINILM_CONFIG["num_attention_heads"]
     for key, count in (("layer", n_layers), ("head", n_heads)):
@@ -426,6 +490,8 @@ def check_options(name: str, options: dict[str, Any]) -> None:
     for key, valid in (("source", SOURCES), ("narrow", NARROW)):
         if key in options and options[key] not in valid:
             raise ValueError(f"{name}: {key} must be one of {', '.join(valid)}, got {options[key]!r}")
+    if "corpus" in options:
+        corpus_text(str(options["corpus"]), name)
     if importlib.util.find_spec("transformers") is None:
         raise ValueError(f"{name}: the real model needs transformers: {EXTRA_HINT}")
 

@@ -131,7 +131,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for name, spec in data["presets"].items():
         print(f"  {name:10s} {spec}")
     print(f"strategies: {len(data['strategies'])} specs, "
-          "averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink]:method")
+          "averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink][+damp]:method")
     print("datasets:")
     for name, desc in data["datasets"].items():
         print(f"  {name:15s} {desc}")

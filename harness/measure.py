@@ -79,14 +79,15 @@ def _stack_mask(mask, n: int, b: int):
 
 def search_problem(strategy, stats, X, G, mask, W_Q, W_K, scale: float, rank: int,
                    loss_of_scores) -> strategies.SearchProblem | None:
-    """The line search's problem of ``strategy`` at the current factors, as ``grow`` builds it (a ``+holdout``
-    strategy's statistics without the λ batch included)."""
+    """The problem along the path ``grow``'s step moves on, at the current factors: the line search's, or for a
+    ``+holdout`` strategy, which refits, the direction of every sample on the whole batch."""
     with torch.no_grad():
         Z = scale * W_Q @ W_K.mT
         S0 = X @ Z @ X.mT
         ctx = strategies.StepContext(X=X, G=G, mask=mask, loss=loss_of_scores, Z=Z, S0=S0,
                                      loss0=float(loss_of_scores(S0)), scale=scale, new_scale=scale)
-        return strategies.build_search_problem(strategy, strategy._stats(ctx, stats), ctx, rank)
+        path = strategy.path_statistics(ctx, stats)
+        return strategies.build_search_problem(strategy, path, ctx, rank, penalise=ctx.refit_stats is None)
 
 
 def loss_along_lambda(prob: strategies.SearchProblem | None, lam_max: float, n: int = 25) -> dict:

@@ -36,8 +36,15 @@ The rule (:func:`rule_text`), applied by :func:`recommend` to the runs of one re
    the one with the smallest worst shortfall from the best is chosen, flagged ``fallback``.
    If none does, growth with these statistics does not generalise in the regime: the entry
    says so in plain words (:attr:`Recommendation.statement`, with the statistics tokens
-   measured), and names the strategy that harms least (the highest mean gain on its worst
-   dataset), which ``strategies.make("default")`` then runs, recording that in ``fallback``.
+   measured), and names the strategy that ``strategies.make("default")`` then runs,
+   recording that in ``fallback``: among the *harmless* strategies, the one steps 5–7 choose
+   on the datasets where some strategy lowers it (the *growable* ones), so that a dataset
+   where every gain is noise does not decide by its noise. Harmless is shown, not assumed:
+   on every other dataset the lower end of the strategy's interval is at least ``−margin``,
+   with ``margin`` the tolerance times the median over growable datasets of the best's gain
+   (gains are shares of each dataset's held-out loss); a wide interval is never harmless. If
+   no dataset is growable or no strategy is harmless, the one that harms least (the highest
+   mean gain on its worst dataset) is named.
 
 Batch optimality, path efficiency and the batch decrease are diagnostics of the step: they are
 in the evidence to explain the choice, never part of it. The evidence (per-dataset means with
@@ -93,8 +100,11 @@ RULE = (
     "median {metric} is chosen; strategies within {time_tol:g}% of its time count as as fast, and among them the one "
     "with the smallest mean shortfall from the best's gain wins. If none qualifies, the one with the smallest worst "
     "shortfall among those that lower the held-out loss on every dataset is chosen (fallback); if no strategy does, "
-    "growth does not generalise in the regime and the strategy with the highest mean gain on its worst dataset "
-    "(the one that harms least) is named. Per dataset only its reference configuration counts: the "
+    "growth does not generalise in the regime, and the same steps are applied to the datasets where some strategy "
+    "lowers the held-out loss, among the strategies shown harmless on the others (there the lower end of their "
+    "interval is at least -{frac:g} times the median best gain of those datasets); if no dataset or no strategy "
+    "allows that, the strategy with the highest mean gain on its worst dataset (the one that harms least) is named. "
+    "Per dataset only its reference configuration counts: the "
     "sizes/settings/device group with the most strategies."
 )
 class NoResults(ValueError):
@@ -426,12 +436,18 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
     eligible = {s for s in every_growth
                 if s not in failures and s not in partial and runs.datasets_of(s) >= set(runs.datasets)}
     best = runs.best(eligible)
+    growable = runs.growable(eligible)
+    # Where growth is noise, a strategy may give back at most the tolerance's share of the typical best gain of the
+    # datasets where it works (gains are shares of each dataset's held-out loss, so they compare across datasets).
+    margin = tolerance * float(np.median([abs(best[ds][0]) for ds in growable])) if growable else math.nan
     names = preset_names()
-    rows = [_strategy_row(s, runs, best, s in eligible, failures.get(s) or partial.get(s), tolerance, names)
+    rows = [_strategy_row(s, runs, best, s in eligible, failures.get(s) or partial.get(s), tolerance, names,
+                          growable, margin)
             for s in every_growth]
     table = pd.DataFrame(rows, columns=["strategy", "preset", "time_ms", "x_floor", "eligible", "lowers", "within",
-                                        "qualifies", "worst_shortfall", "mean_shortfall", "worst_gain", "misses",
-                                        "reason"])
+                                        "qualifies", "worst_shortfall", "mean_shortfall", "worst_gain", "harmless",
+                                        "qualifies_growable", "lowers_growable", "worst_shortfall_growable",
+                                        "mean_shortfall_growable", "misses", "reason"])
     table = table.sort_values([key, "strategy"], na_position="last", kind="stable").reset_index(drop=True)
     tied = as_fast(table, key)
     chosen, verdict = _choose(table, key, tied)
@@ -444,7 +460,8 @@ def recommend(frame: pd.DataFrame, tolerance: float = TOLERANCE, device: str | N
                 evidence[ds]["resolvable_shortfall"] = _num(resolvable)
         if verdict != GENERALISES:
             forced_by = table.loc[table.strategy == chosen, "misses"].iloc[0]
-        statement = _statement(chosen, verdict, runs, eligible, evidence, tolerance, regime)
+        statement = _statement(table.loc[table.strategy == chosen].iloc[0], verdict, runs, eligible, evidence,
+                               tolerance, regime)
     table["rank"] = range(1, len(table) + 1)
     return Recommendation(spec=chosen, rule=rule_text(tolerance, time_metric, confidence),
                           fallback=chosen is not None and verdict != GENERALISES, tolerance=tolerance,
@@ -553,6 +570,11 @@ class _Runs:
         bound = stats.t.ppf(0.5 + self.confidence / 2, k - 1) * se
         return int((rows[DECIDING] > bound).sum()), int((rows[DECIDING] < -bound).sum())
 
+    def growable(self, eligible: set[str]) -> list[str]:
+        """The datasets where some ``eligible`` strategy lowers the held-out loss beyond noise."""
+        return [ds for ds in self.datasets
+                if any(self.gain(s, ds).above_zero() for s in sorted(eligible) if ds in self.datasets_of(s))]
+
     def resolvable(self, eligible: set[str], best: dict, power: float = 0.8) -> dict[str, float]:
         """Per dataset, the shortfall from the best's gain (a share of it) that the rule's paired comparison detects
         with probability ``power`` over these seeds: ``(t_{1−α/2} + t_{power}) · sd / √n / |best|`` with ``sd`` the
@@ -643,9 +665,13 @@ def _judged(strategy: str, runs: _Runs, best: dict, tolerance: float) -> list[di
 
 
 def _strategy_row(strategy: str, runs: _Runs, best: dict, eligible: bool, failure: str | None,
-                  tolerance: float, names: dict[str, str]) -> dict:
-    """One line of the recommendation's table: times, eligibility, the rule's verdicts and the reasons it may lose."""
+                  tolerance: float, names: dict[str, str], growable: list[str], margin: float) -> dict:
+    """One line of the recommendation's table: times, eligibility, the rule's verdicts and the reasons it may lose,
+    and the same verdicts on the ``growable`` datasets only, with whether it is harmless on the others (the lower
+    end of its gain's interval at least ``−margin`` on each: rule step 7)."""
     judged = _judged(strategy, runs, best, tolerance)
+    on_growable = [j for j in judged if j["dataset"] in growable]
+    complete_growable = bool(on_growable) and len(on_growable) == len(growable)
     missing = [ds for ds in runs.datasets if ds not in runs.datasets_of(strategy)]
     reasons = [failure] if failure else []
     if missing:
@@ -672,6 +698,14 @@ def _strategy_row(strategy: str, runs: _Runs, best: dict, eligible: bool, failur
                 worst_shortfall=max((j["shortfall"] for j in judged), default=math.inf),
                 mean_shortfall=float(np.mean([min(j["shortfall"], 1.0) for j in judged])) if judged else math.nan,
                 worst_gain=min((j["gain"].mean for j in judged), default=-math.inf),
+                harmless=complete and all(j["gain"].n > 1 and j["gain"].low >= -margin
+                                          for j in judged if j["dataset"] not in growable),
+                qualifies_growable=eligible and complete_growable and all(j["lowers"] and j["within"]
+                                                                          for j in on_growable),
+                lowers_growable=eligible and complete_growable and all(j["lowers"] for j in on_growable),
+                worst_shortfall_growable=max((j["shortfall"] for j in on_growable), default=math.inf),
+                mean_shortfall_growable=(float(np.mean([min(j["shortfall"], 1.0) for j in on_growable]))
+                                         if on_growable else math.nan),
                 misses=misses, reason="; ".join(reasons))
 
 
@@ -700,9 +734,35 @@ def _choose(table: pd.DataFrame, key: str, tied: dict[str, float]) -> tuple[str 
     if len(lowering):
         return lowering.sort_values(["worst_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, CLOSEST
     if len(eligible):
-        harm_least = eligible.assign(harm=-eligible.worst_gain)
-        return harm_least.sort_values(["harm", key, "strategy"], kind="stable").iloc[0].strategy, DOES_NOT_GENERALISE
+        return _spared(eligible, key), DOES_NOT_GENERALISE
     return None, DOES_NOT_GENERALISE
+
+
+def _spared_how(row: pd.Series) -> str:
+    """How step 7 chose ``row``'s strategy where growth does not generalise, in words."""
+    if row.harmless and row.qualifies_growable:
+        return ("this one is the rule's choice on the datasets where some strategy lowers it, and shown harmless on "
+                "the others")
+    if row.harmless and row.lowers_growable:
+        return (f"this one comes closest to the best's gain on the datasets where some strategy lowers it (worst "
+                f"shortfall {100 * row.worst_shortfall_growable:.0f}%), and shown harmless on the others")
+    return f"this one harms least, mean held-out gain {100 * row.worst_gain:+.3g}% on its worst dataset"
+
+
+def _spared(eligible: pd.DataFrame, key: str) -> str:
+    """Rule step 7 where growth does not generalise: steps 5–7 on the growable datasets among the harmless
+    strategies (``eligible`` sorted by time), else the one that harms least."""
+    harmless = eligible[eligible.harmless]
+    qualifying = harmless[harmless.qualifies_growable]
+    if len(qualifying):
+        front = float(qualifying.iloc[0][key])
+        tied = qualifying[qualifying[key] <= (1 + TIME_TOLERANCE) * front]
+        return tied.sort_values(["mean_shortfall_growable", key, "strategy"], kind="stable").iloc[0].strategy
+    lowering = harmless[harmless.lowers_growable]
+    if len(lowering):
+        return lowering.sort_values(["worst_shortfall_growable", key, "strategy"], kind="stable").iloc[0].strategy
+    harm_least = eligible.assign(harm=-eligible.worst_gain)
+    return harm_least.sort_values(["harm", key, "strategy"], kind="stable").iloc[0].strategy
 
 
 def _explain_choice(table: pd.DataFrame, chosen: str, verdict: str, key: str, tied: dict[str, float]) -> None:
@@ -713,8 +773,8 @@ def _explain_choice(table: pd.DataFrame, chosen: str, verdict: str, key: str, ti
     why = {GENERALISES: "",
            CLOSEST: f" (fallback: nothing qualifies; its worst shortfall from the best's held-out gain is "
                     f"{100 * mine.worst_shortfall:.1f}%)",
-           DOES_NOT_GENERALISE: f" (fallback: no strategy lowers the held-out loss on every dataset; this one harms "
-                                f"least, mean held-out gain {100 * mine.worst_gain:+.3g}% on its worst dataset)"}
+           DOES_NOT_GENERALISE: (" (fallback: no strategy lowers the held-out loss on every dataset; "
+                                 f"{_spared_how(mine)})")}
     for i, r in table.iterrows():
         if r.strategy == chosen:
             table.at[i, "reason"] = "chosen" + why[verdict]
@@ -777,9 +837,10 @@ def _evidence(chosen: str, runs: _Runs, best: dict, ref: pd.DataFrame, table: pd
     return evidence
 
 
-def _statement(chosen: str, verdict: str, runs: _Runs, eligible: set[str], evidence: dict, tolerance: float,
+def _statement(mine: pd.Series, verdict: str, runs: _Runs, eligible: set[str], evidence: dict, tolerance: float,
                regime: Regime) -> str:
-    """The regime's verdict in plain words."""
+    """The regime's verdict in plain words (``mine``: the chosen strategy's row of the table)."""
+    chosen = mine.strategy
     if verdict == GENERALISES:
         return (f"{chosen} lowers the held-out loss beyond noise on every dataset of {regime.describe()} and keeps, "
                 f"beyond noise, at least {100 * (1 - tolerance):g}% of the best strategy's held-out gain there.")
@@ -788,8 +849,8 @@ def _statement(chosen: str, verdict: str, runs: _Runs, eligible: set[str], evide
                 f"noise, but none keeps {100 * (1 - tolerance):g}% of the best one's gain on every dataset beyond "
                 f"noise; {chosen} comes closest (its worst shortfall from the best's gain: "
                 f"{100 * evidence['worst_shortfall']:.0f}%).")
-    nowhere = [ds for ds in runs.datasets if not any(runs.gain(s, ds).above_zero() for s in eligible
-                                                      if ds in runs.datasets_of(s))]
+    growable = runs.growable(eligible)
+    nowhere = [ds for ds in runs.datasets if ds not in growable]
     tokens = [f"{ds}: {evidence[ds]['statistics_tokens']:.0f} tokens, {evidence[ds]['tokens_per_d_e2']:.2g} per entry "
               "of P" for ds in nowhere if ds in evidence and evidence[ds]["statistics_tokens"] is not None]
     worst = min((ds for ds in evidence if isinstance(evidence[ds], dict)),
@@ -797,11 +858,21 @@ def _statement(chosen: str, verdict: str, runs: _Runs, eligible: set[str], evide
     if worst is None:
         return ("These runs hold no held-out gain (runs from before it was measured): the rule cannot tell whether "
                 f"growth generalises here; {chosen} is named only as the first eligible strategy.")
+    if mine.harmless and (mine.qualifies_growable or mine.lowers_growable):
+        how = ("the rule's choice there (it lowers the held-out loss beyond noise and keeps, beyond noise, at least "
+               f"{100 * (1 - tolerance):g}% of the best strategy's gain)" if mine.qualifies_growable else
+               f"the closest there to the best strategy's gain (worst shortfall "
+               f"{100 * mine.worst_shortfall_growable:.0f}%)")
+        why = (f"the strategy that, on the datasets where growth generalises ({', '.join(growable)}), is {how}, and "
+               f"that is shown not to raise the held-out loss on {', '.join(nowhere)} by more than "
+               f"{100 * tolerance:g}% of the best gain where growth works")
+    else:
+        why = (f"the strategy that harms least (mean held-out gain {100 * evidence[worst]['heldout_gain'][0]:+.3g}% "
+               f"on its worst dataset, {worst})")
     return (f"Growth with these statistics does not generalise here: on {', '.join(nowhere)}, no growth strategy "
             f"lowers the held-out loss beyond noise ({'; '.join(tokens) or 'statistics tokens not recorded'}). Use "
-            f"more statistics tokens, or do not grow. strategies.make(\"default\") runs {chosen}, the strategy that "
-            f"harms least (mean held-out gain {100 * evidence[worst]['heldout_gain'][0]:+.3g}% on its worst dataset, "
-            f"{worst}), and records this in the growth's fallback.")
+            f"more statistics tokens, or do not grow. strategies.make(\"default\") runs {chosen}, {why}, and records "
+            "this in the growth's fallback.")
 
 
 # ------------------------------------------------------------------ output

@@ -244,10 +244,10 @@ def input_width(spec: str, d_e: int) -> int:
 def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int = 0) -> None:
     """Check that dataset ``spec`` accepts these sizes, building it only when that is cheap.
 
-    The pretrained datasets are checked by :func:`datasets.minilm.check_sizes` without
-    loading the model; every other dataset is built once per ``(spec, d_s, min(d_e,
-    PROBE_WIDTH))`` (:func:`_probe`), which runs its own checks of ``d_s``, ``d_e`` and
-    of its options' values.
+    The pretrained datasets are checked by :func:`datasets.minilm.check_options` and
+    :func:`datasets.minilm.check_sizes` without loading the model; every other dataset is
+    built once per ``(spec, d_s, min(d_e, PROBE_WIDTH))`` (:func:`_probe`), which runs its
+    own checks of ``d_s``, ``d_e`` and of its options' values.
 
     Raises
     ------
@@ -258,6 +258,9 @@ def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int 
     if is_pretrained(spec):
         from datasets.minilm import EXTRA_HINT, check_sizes, weights_available
 
+        error = _pretrained_options_error(spec)
+        if error:
+            raise ConfigError("dataset", error)
         try:
             check_sizes(cls.name, d_e, d_s, d_k, p)
         except ValueError as e:
@@ -268,6 +271,19 @@ def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int 
     error = _probe(spec, min(d_e, PROBE_WIDTH), d_s)
     if error:
         raise ConfigError("dataset", error)
+
+
+@functools.cache
+def _pretrained_options_error(spec: str) -> str:
+    """The error message of a pretrained dataset's options (a corpus file is read once per sweep), or ``""``."""
+    from datasets.minilm import check_options
+
+    cls, options = dataset_class(spec)
+    try:
+        check_options(cls.name, options)
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 @functools.cache

@@ -36,7 +36,8 @@ def make(
     averaging, inverse, truncation, line_search, baseline : dict, optional
         Keyword options of each component's constructor, e.g.
         ``inverse={"rtol": 1e-6}``, ``truncation={"oversample": 16, "n_iter": 4}``,
-        ``averaging={"tol": 1e-8}`` (joint), ``line_search={"newton_steps": 2}``.
+        ``averaging={"tol": 1e-8}`` (joint), ``line_search={"newton_steps": 2}``,
+        ``line_search={"damping": 0.3}`` (with ``+damp``).
 
     Returns
     -------
@@ -59,8 +60,8 @@ def make(
     inv = REGISTRY["inverse"][parsed.inverse](**(inverse or {}))
     avg = REGISTRY["averaging"][parsed.averaging](inv, **(averaging or {}))
     trunc = REGISTRY["truncation"][parsed.truncation](metric=parsed.metric, **(truncation or {}))
-    ls = REGISTRY["line_search"][parsed.line_search](method=parsed.method, holdout=parsed.holdout,
-                                                      shrink=parsed.shrink, **(line_search or {}))
+    flags = {flag: getattr(parsed, flag) for flag in Spec.LINE_SEARCH_FLAGS}
+    ls = REGISTRY["line_search"][parsed.line_search](method=parsed.method, **flags, **(line_search or {}))
     return GrowthStrategy(avg, trunc, ls, str(parsed))
 
 

@@ -121,6 +121,9 @@ class StepContext:
     heldout_samples : Tensor or None
         ``(b,)`` bool: the samples of the batch that a ``+holdout`` line search chooses λ on
         when the statistics came from the others (None: every sample, see ``grow``).
+    refit_stats : Statistics or None
+        ``+holdout``: the statistics of every sample, the λ batch's included, whose direction
+        the step takes at the λ chosen on held-out data (None: the step takes the searched one).
     x_max : float
         ``max|X|`` of the caller's batch (NaN where not measured).
     """
@@ -141,6 +144,7 @@ class StepContext:
     loss_after: float | None = None
     g_scale: float = 1.0
     heldout_samples: Tensor | None = None
+    refit_stats: Statistics | None = None
     x_max: float = math.nan
 
 
@@ -271,7 +275,9 @@ class Strategy(ABC):
             statistics accumulated, it is taken out of them (:meth:`Statistics.without_last`);
             when they never saw ``X``, they are used whole; without statistics, or when ``X``
             is their only batch, the direction comes from the batch's samples of even index
-            and λ from those of odd index (recorded in ``info["holdout"]``).
+            and λ from those of odd index (recorded in ``info["holdout"]``). In the first and
+            the last case the step then refits: it takes the direction of every sample at the
+            λ so chosen (docs/mathematics.md §5.4).
 
         Returns
         -------
@@ -546,7 +552,8 @@ class GrowthStrategy(Strategy):
                     f"{self.spec}: the λ batch (X) is batch {where + 1} of the {stats.n_batches} in the statistics; a "
                     "+holdout strategy can take out only the last one: accumulate it last, or leave it out")
             if stats.n_batches > 1:
-                ctx.info["holdout"] = "the λ batch taken out of the statistics"
+                ctx.info["holdout"] = "the λ batch taken out of the statistics; the step refits on every batch"
+                ctx.refit_stats = stats
                 return stats.without_last()
         # One batch: the direction from its samples of even index, λ from those of odd index.
         b = ctx.X.shape[0]
@@ -556,11 +563,39 @@ class GrowthStrategy(Strategy):
         even = torch.arange(b, device=ctx.X.device) % 2 == 0
         mask = ctx.mask if ctx.mask is None or ctx.mask.dim() == 2 else ctx.mask[even]
         ctx.heldout_samples = ~even
-        ctx.info["holdout"] = "the direction from the batch's samples of even index, λ from those of odd index"
+        ctx.info["holdout"] = ("the direction from the batch's samples of even index, λ from those of odd index; "
+                               "the step refits on every sample")
+        ctx.refit_stats = super()._stats(ctx, stats)
         return self.new_statistics()._add(ctx.X[even], ctx.G[even], mask)
 
     def _direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
         return self.averaging.direction(stats, log, info)
+
+    def _finish(self, ctx: StepContext, prob: SearchProblem, lam: float, loss_at: float):
+        """The line search's finishing step at ``lam``, with the whole batch's loss there: ``(U, s, V, λ, loss)``."""
+        U, s, V, lam, loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
+        if lam > 0 and (ctx.heldout_samples is not None or not math.isfinite(loss_after or math.nan)):
+            # The search moved part of the batch, or judged another direction: the whole batch's loss at the step.
+            with torch.no_grad():
+                loss_after = float(ctx.loss(truncated_scores(ctx.X, U, s, V)))
+        return U, s, V, lam, loss_after
+
+    def _refit(self, ctx: StepContext, rank: int) -> SearchProblem | None:
+        """``+holdout``'s refit: the problem of the direction of every sample on the whole batch, to be stepped at
+        the λ chosen with the held-out direction (λ is in the same units: RMS logits on the batch)."""
+        ctx.info["refit"] = True
+        ctx.heldout_samples = None
+        with timed(ctx.timings, "direction", ctx.X.device), torch.no_grad():
+            return build_search_problem(self, ctx.refit_stats, ctx, rank, penalise=False)
+
+    def path_statistics(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
+        """The statistics whose direction the step moves along: those of :meth:`grow`'s step (every sample's
+        under ``+holdout``, which refits), for measurements along the path."""
+        searched = self._stats(ctx, stats)
+        if ctx.refit_stats is None:
+            return searched
+        ctx.heldout_samples = None
+        return ctx.refit_stats
 
     def _step(self, ctx: StepContext, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int):
         if ctx.x_max == 0:  # no factorisation of all-zero statistics can say more, and some would only say it noisily
@@ -571,17 +606,25 @@ class GrowthStrategy(Strategy):
             prob = build_search_problem(self, stats, ctx, rank)
         ctx.timings.setdefault("line_search", 0.0)
         ctx.timings.setdefault("truncation", 0.0)
-        if prob is None:  # the builder has logged why
+        lam, loss_at, searched = 0.0, math.nan, None
+        if prob is not None:
+            with timed(ctx.timings, "line_search", ctx.X.device):
+                lam, loss_at = self.line_search.search(prob, ctx.log, ctx.info)
+            if ctx.refit_stats is not None and lam > 0:
+                searched = (prob, lam, loss_at, ctx.heldout_samples)
+                prob, loss_at = self._refit(ctx, rank), math.nan
+        if prob is None:  # the builder has logged why (for the refit direction too)
             with timed(ctx.timings, "truncation", ctx.X.device), torch.no_grad():
                 U, s, V = self.truncation(ctx.Z, rank, None)
             lam = 0.0
         else:
-            with timed(ctx.timings, "line_search", ctx.X.device):
-                lam, loss_at = self.line_search.search(prob, ctx.log, ctx.info)
-            U, s, V, lam, ctx.loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
-            if ctx.heldout_samples is not None:  # the search moved the held-out samples only: the whole batch's loss
-                with torch.no_grad():
-                    ctx.loss_after = float(ctx.loss(truncated_scores(ctx.X, U, s, V)))
+            U, s, V, lam, ctx.loss_after = self._finish(ctx, prob, lam, loss_at)
+            if searched is not None and lam > 0 and not ctx.loss_after < ctx.loss0:
+                ctx.log.append("holdout: the refit direction at the held-out λ does not lower the batch's loss; the "
+                               "step takes the searched direction")
+                ctx.info["refit"] = False
+                prob, lam, loss_at, ctx.heldout_samples = searched
+                U, s, V, lam, ctx.loss_after = self._finish(ctx, prob, lam, loss_at)
         # Every loss call hands its value to the host; so do the builder and the factorisations.
         ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + ctx.loss.calls - calls_before
         root = s.clamp_min(0).sqrt() / math.sqrt(ctx.new_scale)
@@ -589,7 +632,7 @@ class GrowthStrategy(Strategy):
 
 
 def build_search_problem(
-    strategy: GrowthStrategy, stats: Statistics, ctx: StepContext, rank: int
+    strategy: GrowthStrategy, stats: Statistics, ctx: StepContext, rank: int, penalise: bool = True
 ) -> SearchProblem | None:
     """Direction, normalisation, metric and truncation of one growth: the line search's problem.
 
@@ -608,6 +651,9 @@ def build_search_problem(
         ``ctx.info`` receive fallbacks and diagnostics (``host_syncs`` among them).
     rank : int
         ``d_k + p``.
+    penalise : bool
+        Whether a ``+shrink`` line search's optimism penalty is estimated (not for a problem that is
+        only stepped along, as ``+holdout``'s refit).
 
     Returns
     -------
@@ -624,7 +670,7 @@ def build_search_problem(
     X, mask = ctx.X, ctx.mask
     # Statistics may hold another dtype or device than the batch (accumulated in float64, or
     # on another device): the direction and the metric are used with X, so they follow it.
-    shrink = strategy.line_search.shrink
+    shrink = strategy.line_search.shrink and penalise
     P, halves = (strategy.averaging.direction_and_halves(stats, ctx.log, ctx.info) if shrink
                  else (strategy._direction(stats, ctx.log, ctx.info), None))
     P = P.to(dtype=X.dtype, device=X.device)

@@ -17,7 +17,8 @@ Two flags judge λ by data the direction was not fitted to (docs/mathematics.md 
 ``holdout`` (the growth chooses λ on a batch its statistics did not see, see
 :meth:`strategies.growth.GrowthStrategy.grow`) and ``shrink`` (every method minimises
 ``φ(λ) + κλ``, the loss with its in-sample optimism ``κλ`` added back, ``κ`` from the
-split-half estimate of :mod:`strategies.signal`).
+split-half estimate of :mod:`strategies.signal`). A third, ``damp``, takes a fixed share
+``damping`` of the λ found (boosting's learning rate, docs/mathematics.md §5.5).
 
 ``P̂`` is normalised so that ``‖X P̂ Xᵀ‖_F = 1`` over the batch: λ is the Frobenius norm
 of the (untruncated) score change. Searches are bracketed in units of
@@ -57,6 +58,10 @@ SETTLE_LOG_WIDTH = math.log(4.0)
 GOLDEN_RATIO = (1 + math.sqrt(5)) / 2
 #: The golden-section step, as a share of the larger side of the bracket.
 GOLDEN_SECTION = (3 - math.sqrt(5)) / 2
+#: The share of the chosen λ that ``+damp`` keeps unless ``damping`` says otherwise: boosting's usual learning
+#: rates are 0.1 to 0.5 of a step fitted to many trees; one growth is one step, and half of it keeps most of a
+#: quadratic path's decrease (three quarters) while halving what the fit to the batch's noise adds.
+DAMPING = 0.5
 
 
 @dataclass
@@ -132,6 +137,10 @@ class LineSearch(ABC):
         λ is chosen on a batch the statistics did not see (``+holdout``; the growth arranges the data).
     shrink : bool
         λ minimises the loss plus its in-sample optimism (``+shrink``; the growth sets ``penalty``).
+    damp : bool
+        The step taken is ``damping`` times the λ the method found (``+damp``).
+    damping : float, optional
+        The share of λ kept under ``+damp``, in (0, 1] (default :data:`DAMPING`); only with ``damp``.
     """
 
     name: str = ""
@@ -154,6 +163,8 @@ class LineSearch(ABC):
         trust_tol: float = 0.05,
         holdout: bool = False,
         shrink: bool = False,
+        damp: bool = False,
+        damping: float | None = None,
     ) -> None:
         if method not in self.methods:
             raise ValueError(f"unknown search method {method!r}; valid: {', '.join(self.methods)}")
@@ -175,8 +186,15 @@ class LineSearch(ABC):
         self.max_trials = max_trials
         self.gain_tol = gain_tol
         self.trust_tol = trust_tol
+        if damping is not None and not damp:
+            raise ValueError("damping=... applies to a spec with +damp on its line search")
+        damping = DAMPING if damping is None else damping
+        if isinstance(damping, bool) or not isinstance(damping, int | float) or not 0 < damping <= 1:
+            raise ValueError(f"damping must be a number in (0, 1], got {damping!r}")
         self.holdout = bool(holdout)
         self.shrink = bool(shrink)
+        self.damp = bool(damp)
+        self.damping = float(damping)
 
     @abstractmethod
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
@@ -205,7 +223,27 @@ class LineSearch(ABC):
             lam, v = self._bracket(prob, log, info)
         else:
             lam, v = self._newton(prob, log, info)
-        return lam, v - prob.penalty * lam
+        v -= prob.penalty * lam
+        return self._damped(prob, lam, v, log, info) if self.damp and lam > 0 else (lam, v)
+
+    def _damped(self, prob: SearchProblem, lam: float, loss_at: float, log: list[str],
+                info: dict) -> tuple[float, float]:
+        """``+damp``: ``(damping · λ, the loss there)``, one loss call more on a path whose loss is final (the
+        fast path's :meth:`finish` evaluates the truncated step anyway); λ = 0 where that step does not decrease
+        the loss (a path that is not convex between 0 and λ)."""
+        info["lam_undamped"] = lam
+        info["damping"] = self.damping
+        if self.damping == 1.0:
+            return lam, loss_at
+        damped = self.damping * lam
+        if not self.loss_is_final:
+            return damped, math.nan
+        with torch.no_grad():
+            v = float(prob.loss(self.scores(prob, damped)))
+        if not v < prob.loss0:
+            log.append(f"damp: the loss at {self.damping:g}·λ is not below the loss at λ = 0; λ = 0")
+            return 0.0, prob.loss0
+        return damped, v
 
     def finish(self, prob: SearchProblem, lam: float, loss_at: float, log: list[str],
                info: dict) -> tuple[Tensor, Tensor, Tensor, float, float | None]:

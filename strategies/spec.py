@@ -2,12 +2,13 @@
 
 A spec names one registered component per axis::
 
-    averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink]:method
+    averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink][+damp]:method
     e.g. "gram/solve/rsvd+metric/fast:newton", "gram/ridge/full+metric/normal+shrink:bracket"
 
 The line search's flags say how λ is judged by data the direction was not fitted to
-(docs/mathematics.md §5.4): ``+holdout`` chooses λ on a batch the statistics did not see,
-``+shrink`` lowers the in-sample loss's slope to its split-half honest part.
+(docs/mathematics.md §5.4, §5.5): ``+holdout`` chooses λ on a batch the statistics did not
+see, ``+shrink`` lowers the in-sample loss's slope to its split-half honest part, ``+damp``
+takes a fixed share of the λ found (``line_search={"damping": 0.5}``, the default).
 
 or a baseline (``random``, ``zero``, ``gradmax``), or a preset name. :class:`Spec` is the
 one place a spec string is split or assembled.
@@ -87,6 +88,8 @@ class Spec:
         λ chosen on a batch the statistics did not see (``+holdout`` on the line search).
     shrink : bool
         λ chosen on the loss with its in-sample optimism removed (``+shrink`` on the line search).
+    damp : bool
+        A fixed share of the λ found is taken (``+damp`` on the line search).
     method : str or None
         The line search's method (``grid``, ``newton``, ...).
     baseline : str or None
@@ -102,11 +105,12 @@ class Spec:
     baseline: str | None = None
     holdout: bool = False
     shrink: bool = False
+    damp: bool = False
 
     #: The fields of a growth spec, in the order of its string (figures and tables group by them).
-    AXES = ("averaging", "inverse", "truncation", "metric", "line_search", "holdout", "shrink", "method")
+    AXES = ("averaging", "inverse", "truncation", "metric", "line_search", "holdout", "shrink", "damp", "method")
     #: The line search's flags, in the order a spec string writes them.
-    LINE_SEARCH_FLAGS = ("holdout", "shrink")
+    LINE_SEARCH_FLAGS = ("holdout", "shrink", "damp")
 
     @classmethod
     def parse(cls, text: object) -> Spec:
@@ -149,16 +153,18 @@ class Spec:
         if problems:
             raise ValueError(f"unknown {', '.join(problems)} in spec {text!r}; {_valid_message()}")
         return cls(averaging=avg, inverse=inv, truncation=trunc_name, metric=bool(plus), line_search=ls_name,
-                   method=method, holdout="holdout" in ls_flags, shrink="shrink" in ls_flags)
+                   method=method, **{flag: flag in ls_flags for flag in cls.LINE_SEARCH_FLAGS})
 
     @classmethod
     def grid(cls) -> list[Spec]:
         """Every registered combination of the axes, then every baseline."""
+        n_flags = len(cls.LINE_SEARCH_FLAGS)
         out = [
-            cls(averaging=a, inverse=i, truncation=t, metric=m, line_search=ls, method=meth, holdout=h, shrink=sh)
-            for a, i, t, m, ls, h, sh in itertools.product(
+            cls(averaging=a, inverse=i, truncation=t, metric=m, line_search=ls, method=meth,
+                **dict(zip(cls.LINE_SEARCH_FLAGS, flags, strict=True)))
+            for a, i, t, m, ls, *flags in itertools.product(
                 REGISTRY["averaging"], REGISTRY["inverse"], REGISTRY["truncation"], (False, True),
-                REGISTRY["line_search"], (False, True), (False, True),
+                REGISTRY["line_search"], *[(False, True)] * n_flags,
             )
             for meth in _methods(ls)
         ]
@@ -191,7 +197,7 @@ def _valid_message() -> str:
         return ", ".join(REGISTRY[axis])
 
     return (
-        "valid specs are 'averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink]:method' with "
+        "valid specs are 'averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink][+damp]:method' with "
         f"averaging in {{{names('averaging')}}}, inverse in {{{names('inverse')}}}, "
         f"truncation in {{{names('truncation')}}}, line_search in {{{names('line_search')}}}, "
         f"method in {{{', '.join(_all_methods())}}}; "

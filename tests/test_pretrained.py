@@ -233,3 +233,57 @@ def test_a_sweep_without_the_weights_is_refused_before_any_work(monkeypatch, tmp
     err = capsys.readouterr().err.strip()
     assert "[real]" in err and "\n" not in err
     assert not db.exists()  # refused before the database was opened
+
+
+# ------------------------------------------------------------------ option corpus: the user's own text
+def _corpus_file(tmp_path, text: str, name: str = "corpus.txt"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_corpus_file_gives_windows_of_its_own_text(tmp_path):
+    text = "".join(f"Clause {i}: the licensee shall keep every notice intact. " for i in range(400))
+    path = _corpus_file(tmp_path, text)
+    ds = make_dataset(f"minilm-recovery:{RANDOM}:corpus={path}", 384, 12, 0)
+    ids, _ = ds.batch(3, "test", 0)
+    # The stand-in tokenizer is UTF-8 bytes + BYTE_OFFSET: each window decodes to a piece of the file's test part.
+    test_part = text.encode()[ds.boundary:]
+    for row in ids[:, 1:-1]:
+        assert bytes((row - minilm.BYTE_OFFSET).tolist()) in test_part
+    other = make_dataset(f"minilm-recovery:{RANDOM}:corpus={_corpus_file(tmp_path, text + ' ', 'b.txt')}", 384, 12, 0)
+    assert ds.options()["corpus_sha256"] != other.options()["corpus_sha256"]
+    assert "corpus" not in recovery().options()  # the built-in text keeps the keys runs had before the option
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "cannot be read"), ("fifo", "not a regular file"), (b"\xff\xfe text", "not UTF-8 text"),
+    ("  \n", "holds no text"), ("big", "more than the"),
+])
+def test_a_corpus_that_cannot_serve_is_refused_naming_the_file(tmp_path, monkeypatch, content, message):
+    import os
+
+    path = tmp_path / "corpus.txt"
+    if content == "fifo":
+        os.mkfifo(path)  # reading it would block: refused from its stat alone
+    elif content == "big":
+        monkeypatch.setattr(minilm, "CORPUS_MAX_BYTES", 10)
+        path.write_text("eleven byte")
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=message) as info:
+        minilm.check_options("minilm-recovery", {"corpus": str(path)})
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_sweep_on_a_missing_corpus_is_refused_before_any_work(monkeypatch, tmp_path, capsys):
+    from harness.cli import main as cli_main
+
+    db = tmp_path / "r.sqlite"
+    args = ["run", "--strategies", "default", "--datasets", f"minilm-recovery:{RANDOM}:corpus={tmp_path / 'none.txt'}",
+            "--d-s", "8", "--d-e", "384", "--b", "2", "--d-k", "4", "--p", "4", "--db", str(db), "--no-progress"]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "none.txt" in err and "\n" not in err and not db.exists()

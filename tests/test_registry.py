@@ -40,10 +40,10 @@ def test_specs_are_the_full_grid_plus_baselines():
     specs = strategies.specs()
     assert len(specs) == len(set(specs))
     grid = {
-        f"{a}/{i}/{t}{m}/{ls}{h}{sh}:{meth}"
-        for a, i, t, m, ls, h, sh, meth in itertools.product(
+        f"{a}/{i}/{t}{m}/{ls}{h}{sh}{dm}:{meth}"
+        for a, i, t, m, ls, h, sh, dm, meth in itertools.product(
             ["per-sample", "gram", "mean-input", "joint"], ["pinv", "solve", "ridge"], ["full", "rsvd"],
-            ["", "+metric"], ["normal", "fast"], ["", "+holdout"], ["", "+shrink"],
+            ["", "+metric"], ["normal", "fast"], ["", "+holdout"], ["", "+shrink"], ["", "+damp"],
             ["grid", "bounded", "newton", "quadratic", "bracket"],
         )
     }

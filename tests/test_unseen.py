@@ -16,6 +16,7 @@ import torch
 from conftest import DT, anisotropic_X, attention_loss, causal, factors, gen, grad_of, np64, random_G, rel_err, scores
 
 import strategies
+from harness.measure import search_problem
 from strategies.inverse import RIDGE_ALPHAS, Ridge
 from strategies.line_search import NormalSearch, SearchProblem
 from strategies.signal import signal_share
@@ -151,41 +152,60 @@ def _growth_problem(d_e: int = 5, n: int = 3, b: int = 6, d_s: int = 5, seed: in
     return data, mask, loss, W_Q, W_K, c
 
 
-def test_holdout_takes_the_lambda_batch_out_of_the_statistics():
+def _refit_reference(stats, X, G, mask, W_Q, W_K, c, lam):
+    """The step ``Z' − Z`` along the direction of ``stats`` (every sample's) on batch ``X`` at ``lam``, truncated as
+    the plain strategy truncates: what ``+holdout``'s refit must take."""
+    plain = strategies.make("gram/solve/full+metric/normal:bracket")
+    prob = search_problem(plain, stats, X, G, mask, W_Q, W_K, c, W_Q.shape[1] + 2, lambda S: torch.zeros(()))
+    U, s, V = prob.truncate(prob.Z - lam * prob.P_hat)
+    return (U * s) @ V.T - prob.Z
+
+
+def test_holdout_takes_the_lambda_batch_out_of_the_statistics_then_refits():
     data, mask, loss, W_Q, W_K, c = _growth_problem(seed=1)  # a seed whose direction descends on the λ batch
     spec = "gram/solve/full+metric/normal+holdout:bracket"
     X, G = data[-1]
 
-    def grow(stats_over):
-        strategy = strategies.make(spec)
-        stats = strategy.new_statistics()
-        for Xb, Gb in stats_over:
+    def statistics(over):
+        stats = strategies.make(spec).new_statistics()
+        for Xb, Gb in over:
             stats.update(Xb, Gb, mask)
-        return strategy.grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, mask=mask, stats=stats)
+        return stats
+
+    def grow(over):
+        return strategies.make(spec).grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, mask=mask,
+                                          stats=statistics(over))
 
     every, others = grow(data), grow(data[:-1])
-    # The same step: the sums minus the last batch's contribution equal the other batches' sums up to rounding.
-    assert rel_err(every.dZ, np64(others.dZ)) < 1e-9 and every.lam == pytest.approx(others.lam, rel=1e-9)
-    assert every.lam > 0
-    assert every.info["holdout"] == "the λ batch taken out of the statistics"
-    assert others.info["holdout"] == "the statistics never saw the λ batch"
+    # λ is chosen with the other batches' direction on the λ batch: the one a strategy that never saw it finds.
+    assert every.lam == pytest.approx(others.lam, rel=1e-9) and every.lam > 0
+    assert others.info["holdout"] == "the statistics never saw the λ batch" and "refit" not in others.info
+    # The step then takes every batch's direction at that λ.
+    assert every.info["refit"] is True and "taken out of the statistics" in every.info["holdout"]
+    assert rel_err(every.dZ, np64(_refit_reference(statistics(data), X, G, mask, W_Q, W_K, c, every.lam))) < 1e-9
+    assert rel_err(every.dZ, np64(others.dZ)) > 1e-3  # not the held-out direction's step
+    with torch.no_grad():
+        assert every.loss_after == pytest.approx(float(loss(scores(X, c * every.W_Q @ every.W_K.T))), rel=1e-12)
     assert every.info["statistics_tokens"] == 2 * 6 * 5
     with pytest.raises(ValueError, match="batch 1 of the 3"):
         grow([data[-1], *data[:-1]])
 
 
-def test_holdout_on_one_batch_fits_the_even_samples_and_searches_the_odd():
-    data, mask, loss, W_Q, W_K, c = _growth_problem(n=1, b=6)
+def test_holdout_on_one_batch_fits_the_even_samples_searches_the_odd_then_refits():
+    data, mask, loss, W_Q, W_K, c = _growth_problem(n=1, b=6, seed=2)  # the even samples' direction descends
     X, G = data[0]
     r = strategies.make("gram/solve/full+metric/normal+holdout:bracket").grow(
         W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, mask=mask)
     assert r.info["statistics_tokens"] == 3 * 5 and "even index" in r.info["holdout"]
-    # The direction is the even samples' alone: the same as growing from their statistics.
+    # The direction searched is the even samples' alone: the same as growing from their statistics.
     even = strategies.make("gram/solve/full+metric/normal:bracket").new_statistics().update(X[0::2], G[0::2], mask)
     assert rel_err(strategies.make("gram/solve/full+metric/normal:bracket").direction(even),
                    np64(strategies.make("gram/solve/full+metric/normal+holdout:bracket").direction(X[0::2], G[0::2],
                                                                                                    mask))) < 1e-14
-    # loss_after is the whole batch's loss at the new factors.
+    # The step is the whole batch's direction at the λ so chosen, and loss_after the whole batch's loss there.
+    assert r.lam > 0 and r.info["refit"] is True
+    whole = strategies.make("gram/solve/full+metric/normal:bracket").new_statistics().update(X, G, mask)
+    assert rel_err(r.dZ, np64(_refit_reference(whole, X, G, mask, W_Q, W_K, c, r.lam))) < 1e-9
     with torch.no_grad():
         assert r.loss_after == pytest.approx(float(loss(scores(X, c * r.W_Q @ r.W_K.T))), rel=1e-12)
 
@@ -230,3 +250,73 @@ def test_shrink_without_halves_says_so():
     r = strategies.make("joint/solve/full/normal+shrink:bracket").grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss,
                                                                       scale=c, mask=mask)
     assert any("cannot split its direction" in f for f in r.fallback) and "signal_share" not in r.info
+
+
+# ------------------------------------------------------------------ +damp
+def _path_problem(phi, slope0: float = math.nan) -> SearchProblem:
+    """A search problem whose scores along the path are λ itself, so that the loss along it is ``phi(λ)``."""
+    one = torch.ones(1, 1, dtype=DT)
+    return SearchProblem(loss=lambda S: phi(S.reshape(())), X=torch.ones(1, 1, 1, dtype=DT),
+                         Z=torch.zeros(1, 1, dtype=DT), P_hat=one, S0=torch.zeros(1, 1, 1, dtype=DT),
+                         D_hat=torch.ones(1, 1, 1, dtype=DT), loss0=float(phi(torch.tensor(0.0, dtype=DT))),
+                         truncate=lambda Y: (one, -Y.reshape(1), one), lam_unit=1.0, slope0=slope0)
+
+
+@pytest.mark.parametrize("damping", [0.25, 0.5, 1.0])
+def test_damp_takes_its_share_of_the_known_optimum_and_reports_the_loss_there(damping):
+    g_, h = 0.4, 0.1  # φ(λ) = 1 − gλ + hλ²/2: its minimum at g/h = 4
+
+    def phi(lam):
+        return 1 - g_ * lam + h * lam**2 / 2
+
+    info: dict = {}
+    lam, value = NormalSearch(method="bracket", damp=True, damping=damping).search(_path_problem(phi, -g_), [], info)
+    assert info["lam_undamped"] == pytest.approx(g_ / h, rel=1e-3)
+    assert lam == pytest.approx(damping * info["lam_undamped"], rel=1e-12)
+    assert value == pytest.approx(float(phi(torch.tensor(lam, dtype=DT))), rel=1e-12)
+    # On a quadratic path a share s of the best step keeps s(2 − s) of its decrease.
+    assert (1 - value) / (g_**2 / (2 * h)) == pytest.approx(damping * (2 - damping), rel=1e-5)
+
+
+def test_damp_takes_no_step_where_the_damped_step_raises_the_loss():
+    # A bump at λ = 2 and a well at λ = 4: the grid's best lies past the bump, half of it on the bump.
+    def phi(lam):
+        return 1 + 0.5 * torch.exp(-4 * (lam - 1.5) ** 2) - 2 * torch.exp(-4 * (lam - 2.93) ** 2)
+
+    log: list[str] = []
+    search = NormalSearch(method="grid", damp=True)
+    prob = _path_problem(phi)
+    lam, value = search.search(prob, log, {})
+    assert NormalSearch(method="grid").search(prob, [], {})[0] == pytest.approx(2.93, rel=0.01)
+    assert lam == 0.0 and value == prob.loss0 and any(line.startswith("damp:") for line in log)
+
+
+@pytest.mark.parametrize("path", ["normal:bracket", "fast:quadratic"])
+def test_damped_growth_steps_its_share_of_the_undamped_lambda(path):
+    data, mask, loss, W_Q, W_K, c = _growth_problem(n=1, b=6, seed=1)
+    X, G = data[0]
+    spec = f"gram/solve/full+metric/{path}"
+    plain = strategies.make(spec).grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, mask=mask)
+    damped_spec = spec.replace(":", "+damp:")
+    damped = strategies.make(damped_spec, line_search={"damping": 0.3}).grow(W_Q, W_K, X, G, p=2,
+                                                                           loss_of_scores=loss, scale=c, mask=mask)
+    assert plain.lam > 0 and damped.spec == damped_spec
+    assert damped.info["lam_undamped"] == pytest.approx(plain.lam, rel=1e-9)
+    assert damped.lam == pytest.approx(0.3 * plain.lam, rel=1e-9)
+    with torch.no_grad():  # the reported loss is the loss at the new factors, and lower than before
+        assert damped.loss_after == pytest.approx(float(loss(scores(X, c * damped.W_Q @ damped.W_K.T))), rel=1e-9)
+    assert damped.loss_after < damped.loss_before
+    unit = strategies.make(damped_spec, line_search={"damping": 1.0}).grow(W_Q, W_K, X, G, p=2,
+                                                                          loss_of_scores=loss, scale=c, mask=mask)
+    assert unit.lam == plain.lam and torch.equal(unit.dZ, plain.dZ)
+
+
+@pytest.mark.parametrize("damping", [0.0, 1.5, -0.5, math.nan, True, "0.5"])
+def test_damping_out_of_range_is_refused(damping):
+    with pytest.raises(ValueError, match="damping must be a number in"):
+        strategies.make("gram/solve/full/normal+damp:bracket", line_search={"damping": damping})
+
+
+def test_damping_without_damp_is_refused():
+    with pytest.raises(ValueError, match=r"\+damp"):
+        strategies.make("gram/solve/full/normal:bracket", line_search={"damping": 0.5})

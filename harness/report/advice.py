@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+import strategies
 from harness.recommend import (
     CLOSEST,
     DOES_NOT_GENERALISE,
@@ -36,7 +37,7 @@ NEGLIGIBLE_OPTIMALITY = 0.005  # optimality is unitless, at most 1
 NEGLIGIBLE_HELDOUT_PCT = 0.05  # held-out loss decrease, in % of the held-out loss
 NEGLIGIBLE_PATH = 0.05  # path efficiency, unitless (1: the search finds what a scan of λ finds)
 SEARCH_PATH_FLOOR = 0.9
-SEARCH_AXES = ("line_search", "method", "holdout", "shrink")
+SEARCH_AXES = ("line_search", "method", *strategies.Spec.LINE_SEARCH_FLAGS)
 # It does not matter to time when its median time ratio over all pairs is within these.
 NEGLIGIBLE_TIME = (1 / 1.1, 1.1)  # time ratio after / before
 # A training setting "does not matter" on a dataset when its variants' final losses are this close (relative).

@@ -7,15 +7,15 @@ from typing import Literal
 import strategies
 from harness.recommend import preset_names, stored_spec
 
-NAMING = ("Strategy names: specs are averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink]:method; "
-          "presets go by their names from strategies.presets(); in figures, default[x] is the default with one "
-          "component changed to x (e.g. default[rsvd], default[−metric], default[normal search]).")
+NAMING = ("Strategy names: specs are averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink][+damp]"
+          ":method; presets go by their names from strategies.presets(); in figures, default[x] is the default with "
+          "one component changed to x (e.g. default[rsvd], default[−metric], default[normal search]).")
 # How a changed component reads inside default[...]: the line search's name alone would be ambiguous.
 _VALUE_FORMAT = {"line_search": "{} search"}
 
 
 def _component(axis: str, value: object) -> str:
-    if axis in ("metric", "holdout", "shrink"):  # the flags: on or off
+    if axis in ("metric", *strategies.Spec.LINE_SEARCH_FLAGS):  # the flags: on or off
         return f"+{axis}" if value else f"−{axis}"
     return _VALUE_FORMAT.get(axis, "{}").format(value)
 

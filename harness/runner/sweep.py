@@ -83,11 +83,12 @@ SCALE_CANDIDATES = ["default", "gram/ridge/rsvd+metric/normal+shrink:bracket", "
                     "gram/solve/rsvd+metric/fast:quadratic", "gram/solve/full+metric/normal:newton"]
 
 #: Added to the quick, gpu and full ablations beside the centre's one-axis neighbourhood: the earlier defaults (the
-#: truncated path's bracket with a plain solve, and the fast path's quadratic), and λ on a held-out batch with the
-#: plain solve and the ridge, so that each judging component is also seen without the others.
+#: truncated path's bracket with a plain solve, and the fast path's quadratic), λ on a held-out batch with the
+#: plain solve and the ridge, and the ridge's λ damped by a fixed factor, so that each judging component is also
+#: seen without the others.
 ABLATION_EXTRAS = ["gram/solve/full+metric/normal:bracket", "gram/solve/full+metric/fast:quadratic",
                    "gram/solve/full+metric/normal+holdout:bracket", "gram/ridge/full+metric/normal+holdout:bracket",
-                   "gram/solve/full+metric/normal+shrink:bracket"]
+                   "gram/solve/full+metric/normal+shrink:bracket", "gram/ridge/full+metric/normal+damp:bracket"]
 
 
 def scale_grids(devices: list[str], widths: list[int] | None = None, seeds: list[int] | None = None,
@@ -102,13 +103,14 @@ def scale_grids(devices: list[str], widths: list[int] | None = None, seeds: list
 #: Candidates on the real pretrained model: the scale set's, and the formulas and joint as references.
 PRETRAINED_STRATEGIES = [*SCALE_CANDIDATES, "formula1", "formula2", "joint"]
 #: The quick sweep's candidates for the default at d_e = 384 (cpu, 128 < d_e ≤ 1024): the ablation's centre, the
-#: centre without its shrinkage (what the shrinkage buys), and the earlier default (the plain solve). Each run costs
-#: seconds there: the main job's 20 minutes allow these three.
-QUICK_PRETRAINED_STRATEGIES = [_rsvd(ABLATION_CENTRE),
-                               str(strategies.Spec.parse(_rsvd(ABLATION_CENTRE)).replace(shrink=False)),
+#: centre without its shrinkage (what the shrinkage buys), the same with λ on the held-out batch and the direction
+#: refitted (the other way to judge λ), and the earlier default (the plain solve). Each run costs seconds there: the
+#: main job's 20 minutes allow these four.
+_QUICK_RIDGE = strategies.Spec.parse(_rsvd(ABLATION_CENTRE)).replace(shrink=False)
+QUICK_PRETRAINED_STRATEGIES = [_rsvd(ABLATION_CENTRE), str(_QUICK_RIDGE), str(_QUICK_RIDGE.replace(holdout=True)),
                                "gram/solve/rsvd+metric/normal:bracket"]
 #: The thorough sweep's candidates there: each judging component alone and together, and the earlier default.
-THOROUGH_PRETRAINED_STRATEGIES = [*QUICK_PRETRAINED_STRATEGIES, "gram/ridge/rsvd+metric/normal+holdout:bracket",
+THOROUGH_PRETRAINED_STRATEGIES = [*QUICK_PRETRAINED_STRATEGIES, "gram/ridge/rsvd+metric/normal+damp:bracket",
                                   "gram/solve/rsvd+metric/normal+shrink:bracket"]
 #: References on the real model, one seed: the formulas the report compares with (thorough sweep).
 PRETRAINED_REFERENCES = ["formula1", "formula2"]

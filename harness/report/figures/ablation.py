@@ -18,8 +18,8 @@ from harness.report.figures.palette import dataset_colors
 TITLE = "Ablation: the paired effect of changing one axis"
 AXIS_TITLES = {"averaging": "averaging", "inverse": "inverse", "truncation": "truncation", "metric": "metric-aware",
                "line_search": "line search", "holdout": "λ on a held-out batch", "shrink": "λ without optimism",
-               "method": "search method"}
-#: The axes whose values are on and off (``+metric``, ``+holdout``, ``+shrink``).
+               "damp": "λ damped", "method": "search method"}
+#: The axes whose values are on and off (``+metric``, ``+holdout``, ``+shrink``, ``+damp``).
 FLAGS = ("metric", *strategies.Spec.LINE_SEARCH_FLAGS)
 PAIR_KEYS = ("dataset", "seed", *CELL_COLUMNS)
 PAIR_COLUMNS = ["axis", "change", "dataset", "seed", "spec_a", "spec_b", "time_ratio", "raw_time_ratio",

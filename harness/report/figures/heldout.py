@@ -18,7 +18,7 @@ from harness.report.figures.palette import BLACK, BLUE, GREEN, ORANGE, PURPLE, V
 
 GENERALISATION_TITLE = "What generalises: held-out gain against batch gain, per component"
 TOKENS_TITLE = "How many statistics tokens does a step need?"
-#: What judges λ, by the line search's flags: a colour each.
+#: What judges λ, by the line search's ``+holdout`` and ``+shrink``: a colour each (``+damp`` is named beside it).
 JUDGES = {(False, False): ("λ on the fitting batch", BLACK), (True, False): ("+holdout", BLUE),
           (False, True): ("+shrink", VERMILLION), (True, True): ("+holdout+shrink", PURPLE)}
 #: The inverse: a marker each (the ridge apart from the unregularised inverses).
@@ -60,10 +60,12 @@ def generalisation(frame: pd.DataFrame) -> FigureResult:
         for r in at.itertuples():
             spec = specs[r.strategy]
             label, color = JUDGES[(spec.holdout, spec.shrink)]
+            label += "+damp" if spec.damp else ""
             marker, inverse = MARKERS.get(spec.inverse, ("D", spec.inverse))
+            fill = "none" if spec.damp else color
             ax.errorbar(100 * r.batch_gain, 100 * r.heldout_gain,
                         yerr=[[100 * (r.heldout_gain - r.low)], [100 * (r.high - r.heldout_gain)]],
-                        fmt=marker, color=color, ms=6, alpha=0.85, elinewidth=1, capsize=2,
+                        fmt=marker, color=color, mfc=fill, ms=6, alpha=0.85, elinewidth=1, capsize=2,
                         label=f"{label}, {inverse}")
         ax.axhline(0.0, color=BLACK, lw=0.8)
         top = 100 * max(at.batch_gain.max(), at.heldout_gain.max(), 1e-6)
