@@ -741,11 +741,11 @@ def _choose(table: pd.DataFrame, key: str, tied: dict[str, float]) -> tuple[str 
 def _spared_how(row: pd.Series) -> str:
     """How step 7 chose ``row``'s strategy where growth does not generalise, in words."""
     if row.harmless and row.qualifies_growable:
-        return ("this one is the rule's choice on the datasets where some strategy lowers it, and shown harmless on "
+        return ("this one is the rule's choice on the datasets where some strategy lowers it, and is shown harmless on "
                 "the others")
     if row.harmless and row.lowers_growable:
         return (f"this one comes closest to the best's gain on the datasets where some strategy lowers it (worst "
-                f"shortfall {100 * row.worst_shortfall_growable:.0f}%), and shown harmless on the others")
+                f"shortfall {100 * row.worst_shortfall_growable:.0f}%), and is shown harmless on the others")
     return f"this one harms least, mean held-out gain {100 * row.worst_gain:+.3g}% on its worst dataset"
 
 

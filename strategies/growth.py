@@ -591,9 +591,9 @@ class GrowthStrategy(Strategy):
     def path_statistics(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
         """The statistics whose direction the step moves along: those of :meth:`grow`'s step (every sample's
         under ``+holdout``, which refits), for measurements along the path."""
-        searched = self._stats(ctx, stats)
+        stats = self._stats(ctx, stats)  # sets ctx.refit_stats where the step refits
         if ctx.refit_stats is None:
-            return searched
+            return stats
         ctx.heldout_samples = None
         return ctx.refit_stats
 
