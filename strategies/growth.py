@@ -317,8 +317,10 @@ class Strategy(ABC):
         stats = self._stats(ctx, stats)
         ctx.log[:0] = stats.log
         ctx.timings["statistics"] = stats.elapsed
-        ctx.info["statistics_tokens"] = stats.tokens
-        ctx.info["tokens_per_d_e2"] = stats.tokens / X.shape[-1] ** 2
+        # The tokens behind the direction the step takes: every sample's where +holdout refits.
+        tokens = (stats if ctx.refit_stats is None else ctx.refit_stats).tokens
+        ctx.info["statistics_tokens"] = tokens
+        ctx.info["tokens_per_d_e2"] = tokens / X.shape[-1] ** 2
         if own_stats and ctx.heldout_samples is None:
             ctx.M_batch = stats.sum_M
         try:

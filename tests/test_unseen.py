@@ -186,7 +186,8 @@ def test_holdout_takes_the_lambda_batch_out_of_the_statistics_then_refits():
     assert rel_err(every.dZ, np64(others.dZ)) > 1e-3  # not the held-out direction's step
     with torch.no_grad():
         assert every.loss_after == pytest.approx(float(loss(scores(X, c * every.W_Q @ every.W_K.T))), rel=1e-12)
-    assert every.info["statistics_tokens"] == 2 * 6 * 5
+    # The tokens behind the step's direction: all three batches' (the λ was judged with two).
+    assert every.info["statistics_tokens"] == 3 * 6 * 5 and others.info["statistics_tokens"] == 2 * 6 * 5
     with pytest.raises(ValueError, match="batch 1 of the 3"):
         grow([data[-1], *data[:-1]])
 
@@ -196,7 +197,7 @@ def test_holdout_on_one_batch_fits_the_even_samples_searches_the_odd_then_refits
     X, G = data[0]
     r = strategies.make("gram/solve/full+metric/normal+holdout:bracket").grow(
         W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, mask=mask)
-    assert r.info["statistics_tokens"] == 3 * 5 and "even index" in r.info["holdout"]
+    assert r.info["statistics_tokens"] == 6 * 5 and "even index" in r.info["holdout"]  # the refit's: every sample
     # The direction searched is the even samples' alone: the same as growing from their statistics.
     even = strategies.make("gram/solve/full+metric/normal:bracket").new_statistics().update(X[0::2], G[0::2], mask)
     assert rel_err(strategies.make("gram/solve/full+metric/normal:bracket").direction(even),
