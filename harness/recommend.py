@@ -713,10 +713,11 @@ def _interval(p: Paired) -> list:
     return [_num(p.mean), _num(p.low), _num(p.high), p.n]
 
 
-def as_fast(table: pd.DataFrame, key: str) -> dict[str, float]:
-    """The qualifying strategies as fast as the front-runner (rule step 6), each with its time as a multiple of
-    the front-runner's (the front-runner first, at 1). ``table`` is sorted by time."""
-    qualifying = table[table.qualifies]
+def as_fast(table: pd.DataFrame, key: str, qualifies: str = "qualifies") -> dict[str, float]:
+    """The strategies of ``table`` whose column ``qualifies`` holds, as fast as the front-runner (rule step 6),
+    each with its time as a multiple of the front-runner's (the front-runner first, at 1). ``table`` is sorted by
+    time."""
+    qualifying = table[table[qualifies]]
     if qualifying.empty:
         return {}
     front = float(qualifying.iloc[0][key])
@@ -724,15 +725,19 @@ def as_fast(table: pd.DataFrame, key: str) -> dict[str, float]:
             if getattr(r, key) <= (1 + TIME_TOLERANCE) * front}
 
 
+def _closest_to_best(rows: pd.DataFrame, shortfall: str, key: str) -> str:
+    """The strategy of ``rows`` with the smallest ``shortfall`` column (ties: the faster, then the spec)."""
+    return rows.sort_values([shortfall, key, "strategy"], kind="stable").iloc[0].strategy
+
+
 def _choose(table: pd.DataFrame, key: str, tied: dict[str, float]) -> tuple[str | None, str]:
     """``(choice, verdict)`` by rule steps 6 and 7; ``(None, verdict)`` when no strategy is eligible."""
     if tied:
-        candidates = table[table.strategy.isin(list(tied))]
-        return candidates.sort_values(["mean_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, GENERALISES
+        return _closest_to_best(table[table.strategy.isin(list(tied))], "mean_shortfall", key), GENERALISES
     eligible = table[table.eligible]
     lowering = eligible[eligible.lowers]
     if len(lowering):
-        return lowering.sort_values(["worst_shortfall", key, "strategy"], kind="stable").iloc[0].strategy, CLOSEST
+        return _closest_to_best(lowering, "worst_shortfall", key), CLOSEST
     if len(eligible):
         return _spared(eligible, key), DOES_NOT_GENERALISE
     return None, DOES_NOT_GENERALISE
@@ -753,16 +758,13 @@ def _spared(eligible: pd.DataFrame, key: str) -> str:
     """Rule step 7 where growth does not generalise: steps 5–7 on the growable datasets among the harmless
     strategies (``eligible`` sorted by time), else the one that harms least."""
     harmless = eligible[eligible.harmless]
-    qualifying = harmless[harmless.qualifies_growable]
-    if len(qualifying):
-        front = float(qualifying.iloc[0][key])
-        tied = qualifying[qualifying[key] <= (1 + TIME_TOLERANCE) * front]
-        return tied.sort_values(["mean_shortfall_growable", key, "strategy"], kind="stable").iloc[0].strategy
+    tied = as_fast(harmless, key, "qualifies_growable")
+    if tied:
+        return _closest_to_best(harmless[harmless.strategy.isin(list(tied))], "mean_shortfall_growable", key)
     lowering = harmless[harmless.lowers_growable]
     if len(lowering):
-        return lowering.sort_values(["worst_shortfall_growable", key, "strategy"], kind="stable").iloc[0].strategy
-    harm_least = eligible.assign(harm=-eligible.worst_gain)
-    return harm_least.sort_values(["harm", key, "strategy"], kind="stable").iloc[0].strategy
+        return _closest_to_best(lowering, "worst_shortfall_growable", key)
+    return _closest_to_best(eligible.assign(harm=-eligible.worst_gain), "harm", key)
 
 
 def _explain_choice(table: pd.DataFrame, chosen: str, verdict: str, key: str, tied: dict[str, float]) -> None:
