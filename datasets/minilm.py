@@ -324,7 +324,9 @@ class _MiniLMDataset(Dataset):
         if not 3 <= self.d_s <= MINILM_CONFIG["max_position_embeddings"]:
             raise ValueError(f"{self.name}: d_s must be in 3..{MINILM_CONFIG['max_position_embeddings']}, "
                              f"got {self.d_s}")
-        self._stream = token_stream(o["source"], o["corpus"])
+        # Read and hashed once: options() names the text by this digest.
+        text, self._corpus_sha256 = corpus_text(o["corpus"], self.name)
+        self._stream = _tokens(o["source"], text, self._corpus_sha256)
         self.boundary = int(TRAIN_FRACTION * self._stream.shape[0])
         need = (2 if self.pair_inputs else 1) * (self.d_s - 2)
         if need >= self._stream.shape[0] - self.boundary:
@@ -342,7 +344,7 @@ class _MiniLMDataset(Dataset):
         if out["corpus"] == BUILTIN_CORPUS:
             del out["corpus"]
         else:
-            out["corpus_sha256"] = corpus_text(out["corpus"], self.name)[1][:16]
+            out["corpus_sha256"] = self._corpus_sha256[:16]
         if out["source"] == "pretrained":
             out["weights_sha256"] = _weights_digest(model_dir() / "model.safetensors")
         return out

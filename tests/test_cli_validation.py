@@ -238,6 +238,7 @@ def test_pretrained_sizes_are_checked_without_loading_the_model(monkeypatch):
 
     monkeypatch.setattr(minilm, "load_encoder", no_load)
     monkeypatch.setattr(minilm, "token_stream", no_load)
+    monkeypatch.setattr(minilm, "_tokens", no_load)  # what a dataset tokenises its corpus with
     monkeypatch.setattr(minilm, "weights_available", lambda: True)  # sizes only: CI has no weights
     # The head's input has a ones column: d_k + p may reach d_e + 1 = 385.
     ok = RunConfig("formula2", "minilm-recovery:layer=1:head=3", 16, 384, 2, 380, 5)
