@@ -177,7 +177,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from harness.store.results import ResultsDB
     from harness.validate import check_runs
 
-    configs = expand(_grids(args))
+    configs = _without_missing_extra(expand(_grids(args)), "run", by_name=bool(args.datasets) or not args.preset)
     # Every run is checked before the database is touched. Devices named on the command line must be
     # present; a preset's cuda runs are skipped on a machine without a GPU, as documented.
     check_runs(configs, jobs=args.jobs, max_memory=args.max_memory, strict_devices=args.devices is not None)
@@ -205,6 +205,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{n_failed} failed runs recorded (first: {first.strategy} on {first.dataset}: "
               f"{first_error(pd.Series([first.error]))})", file=sys.stderr)
     return 0
+
+
+def _without_missing_extra(configs: list, command: str, *, by_name: bool) -> list:
+    """``configs`` less the real model's runs when the ``real`` extra is missing here.
+
+    A preset that mixes them with others leaves them out with a line (a GPU host without the extra still runs
+    the rest); asked for by name (``by_name``), or with nothing else left, they are refused.
+    """
+    from harness.validate import runnable_here
+
+    runnable, missing = runnable_here(configs)
+    if missing and (by_name or not runnable):
+        raise ConfigError("dataset", missing[0])
+    for why in missing:
+        print(f"growbench {command}: skipping the real model's runs: {why}", file=sys.stderr)
+    return runnable
 
 
 def _mixing_note(configs: list, db_path: str) -> None:
@@ -336,7 +352,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from harness.runner.train_sweep import run_train_sweep, runnable_here, train_presets, train_summary
+    from harness.runner.train_sweep import run_train_sweep, train_presets, train_summary
     from harness.store.training import TrainDB
     from harness.train import FIXED_METHODS
     from harness.validate import check_device, check_train_configs, dataset_class
@@ -369,14 +385,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             configs = list(dict.fromkeys(dataclasses.replace(c, **{field: v}) for v in values for c in configs))
     if args.device:
         configs = list(dict.fromkeys(dataclasses.replace(c, device=args.device) for c in configs))
-    # The real model's runs need the `real` extra: a preset that mixes them with others leaves them out with a
-    # line; asked for by name (--datasets), or with nothing else left, they are refused.
-    runnable, missing = runnable_here(configs)
-    if missing and (args.datasets or not runnable):
-        raise ConfigError("dataset", missing[0])
-    for why in missing:
-        print(f"growbench train: skipping the real model's runs: {why}", file=sys.stderr)
-    configs = runnable
+    configs = _without_missing_extra(configs, "train", by_name=bool(args.datasets))
     check_train_configs(configs, jobs=args.jobs, max_memory=args.max_memory, strict_devices=bool(args.device))
     TrainDB(args.db).close()  # check, create and mark the file before a word is printed or a run trained
     print(f"{len(configs)} training runs -> {args.db}", file=sys.stderr)

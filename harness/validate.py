@@ -31,6 +31,7 @@ for a whole sweep):
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import operator
 from collections.abc import Iterable
@@ -233,6 +234,32 @@ def is_pretrained(spec: str) -> bool:
     from datasets import PRETRAINED_DATASETS, parse_dataset
 
     return parse_dataset(spec)[0] in PRETRAINED_DATASETS
+
+
+def missing_extra(spec: str) -> str | None:
+    """Why dataset ``spec`` cannot run here, in one line naming the ``real`` extra, or None when it can.
+
+    Only a real-model dataset can lack something: ``transformers``, or (unless
+    ``source=random``) the packaged weights.
+    """
+    if not is_pretrained(spec):
+        return None
+    from datasets import parse_dataset
+    from datasets.minilm import EXTRA_HINT, weights_available
+
+    name, options = parse_dataset(spec)
+    if importlib.util.find_spec("transformers") is None:
+        return f"{name} needs transformers: {EXTRA_HINT}"
+    if options.get("source", "pretrained") != "random" and not weights_available():
+        return f"{name} needs the pretrained MiniLM weights: {EXTRA_HINT}"
+    return None
+
+
+def runnable_here(configs: list) -> tuple[list, list[str]]:
+    """The configurations (sweep or training runs) whose dataset can run here, and one line per dataset left out
+    (:func:`missing_extra`)."""
+    why = {spec: missing_extra(spec) for spec in dict.fromkeys(c.dataset for c in configs)}
+    return [c for c in configs if why[c.dataset] is None], [w for w in dict.fromkeys(why.values()) if w]
 
 
 def input_width(spec: str, d_e: int) -> int:

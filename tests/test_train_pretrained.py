@@ -25,11 +25,10 @@ from harness.runner.train_sweep import (  # noqa: E402
     COMPARED_METHODS,
     REAL_DISTILL,
     run_train_sweep,
-    runnable_here,
     train_presets,
 )
 from harness.train import TrainConfig, grow_heads, growth_batches, tokens_per_step, train_run  # noqa: E402
-from harness.validate import ConfigError, check_train_configs  # noqa: E402
+from harness.validate import ConfigError, check_train_configs, runnable_here  # noqa: E402
 
 LAYER = "minilm-recovery:narrow=layer:layer=5:source=random"
 ALL = "minilm-recovery:narrow=all:source=random"
@@ -201,6 +200,26 @@ def test_missing_weights_skip_or_refuse_naming_the_extra(tmp_path, capsys, monke
     assert runnable_here([TrainConfig(method="zero", **TINY)])[0]
     db = tmp_path / "r.sqlite"
     code = cli_main(["train", "--preset", "real", "--db", str(db), "--no-progress"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "[real]" in lines[0] and not db.exists()
+
+
+def test_sweep_preset_leaves_out_real_runs_without_the_weights_and_refuses_them_by_name(tmp_path, capsys,
+                                                                                        monkeypatch):
+    import datasets.minilm
+    from harness.cli import _without_missing_extra
+    from harness.runner.sweep import expand, sweep_presets
+
+    monkeypatch.setattr(datasets.minilm, "weights_available", lambda: False)
+    gpu = expand(sweep_presets()["gpu"])
+    kept = _without_missing_extra(gpu, "run", by_name=False)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert kept == [c for c in gpu if not c.dataset.startswith("minilm")] and 0 < len(kept) < len(gpu)
+    assert lines and all(line.startswith("growbench run: skipping the real model's runs:") and "[real]" in line
+                         for line in lines)
+    db = tmp_path / "r.sqlite"
+    code = cli_main(["run", "--datasets", "minilm-recovery", "--d-e", "384", "--d-s", "32", "--b", "8",
+                     "--d-k", "8", "--p", "8", "--db", str(db), "--no-progress"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "[real]" in lines[0] and not db.exists()
 

@@ -7,7 +7,6 @@ in one transaction (:mod:`harness.store.training`).
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 
 import pandas as pd
@@ -17,7 +16,7 @@ from harness.env import DEFAULT_THREADS, recorded
 from harness.runner.pool import check_run_timeout, run_pending
 from harness.store.training import TrainDB
 from harness.train import FIXED_METHODS, TrainConfig, train_run
-from harness.validate import check_threads, check_train_configs, is_pretrained
+from harness.validate import check_threads, check_train_configs
 
 #: The methods every training design compares: the default growth, each strategy baseline, and the two fixed sizes.
 COMPARED_METHODS = ["default", *strategies.baseline_names(), *FIXED_METHODS]
@@ -78,31 +77,6 @@ def train_presets() -> dict[str, list[TrainConfig]]:
             "real": _grid(COMPARED_METHODS, [REAL_DISTILL], [0, 1, 2], **REAL_SIZES),
             "full": [*_grid(COMPARED_METHODS, data, [0, 1, 2], **full), *variants(full, [0, 1, 2]),
                      *_grid(COMPARED_METHODS, [REAL_DISTILL, REAL_FINETUNE], [0, 1, 2], **real_full)]}
-
-
-def missing_extra(spec: str) -> str | None:
-    """Why dataset ``spec`` cannot run here, in one line naming the ``real`` extra, or None when it can.
-
-    Only a real-model dataset can lack something: ``transformers``, or (unless
-    ``source=random``) the packaged weights.
-    """
-    if not is_pretrained(spec):
-        return None
-    from datasets import parse_dataset
-    from datasets.minilm import EXTRA_HINT, weights_available
-
-    name, options = parse_dataset(spec)
-    if importlib.util.find_spec("transformers") is None:
-        return f"{name} needs transformers: {EXTRA_HINT}"
-    if options.get("source", "pretrained") != "random" and not weights_available():
-        return f"{name} needs the pretrained MiniLM weights: {EXTRA_HINT}"
-    return None
-
-
-def runnable_here(configs: list[TrainConfig]) -> tuple[list[TrainConfig], list[str]]:
-    """The configurations whose dataset can run here, and one line per dataset left out (:func:`missing_extra`)."""
-    why = {spec: missing_extra(spec) for spec in dict.fromkeys(c.dataset for c in configs)}
-    return [c for c in configs if why[c.dataset] is None], [w for w in dict.fromkeys(why.values()) if w]
 
 
 def run_train_one(config: dict, threads: int | None = None) -> dict:
