@@ -14,6 +14,7 @@ README's reference measurement, ``growbench example`` and the asv suites).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ def anisotropic_inputs(b: int, d_s: int, chol: Tensor, gen: torch.Generator) -> 
     -------
     Tensor, (b, d_s, d_e) float64
     """
-    return torch.randn(b, d_s, chol.shape[0], generator=gen, dtype=torch.float64) @ chol.T
+    # Drawn by the CPU generator whatever chol's device, so the draw is the same on every device.
+    return torch.randn(b, d_s, chol.shape[0], generator=gen, dtype=torch.float64).to(chol.device) @ chol.T
 
 
 def sharpened_teacher(d_e: int, d_k: int, sharpness: float, *, causal: bool, generator: torch.Generator,
@@ -206,12 +208,22 @@ class TeacherDataset(Dataset):
         """``(X, teacher(X))``, both (b, d_s, d_e) float32; see :meth:`Dataset.batch`."""
         self._check_batch_args(b, split, index)
         gen = self._generator("data", split, index)
-        X = anisotropic_inputs(b, self.d_s, self._chol, gen)
+        chol, teacher = self._on(self.compute_device)
+        X = anisotropic_inputs(b, self.d_s, chol, gen)
         # Chunks bound the float64 (chunk, d_s, d_s) score tensors (about 128 MiB) for long sequences.
         chunk = max(1, 2**24 // (self.d_s * self.d_s))
         with torch.no_grad():
-            Y = torch.cat([self.teacher(Xc) for Xc in X.split(chunk)])
+            Y = torch.cat([teacher(Xc) for Xc in X.split(chunk)])
         return X.float(), Y.float()
+
+    def _on(self, device: torch.device) -> tuple[Tensor, GrowableAttention]:
+        """The Cholesky factor and the teacher on ``device`` (copies kept for the next batch; the CPU originals
+        stay where the reference problem and the student's copy of the values read them)."""
+        if device.type == "cpu":
+            return self._chol, self.teacher
+        if getattr(self, "_device_copies", (None,))[0] != device:
+            self._device_copies = (device, self._chol.to(device), copy.deepcopy(self.teacher).to(device))
+        return self._device_copies[1], self._device_copies[2]
 
     def build_model(self, d_k: int, *, n_heads: int = 1, bias: bool = False, scale_policy: str = "rescale",
                     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> GrowthModel:

@@ -253,7 +253,7 @@ def _trained(cfg: RunConfig, cache_dir: str | None) -> tuple[Dataset, GrowthMode
     require_device(cfg.device)
 
     def make() -> tuple[Dataset, GrowthModel]:
-        ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
+        ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed).compute_on(cfg.device)
         return ds, trained_model(ds, cfg.d_k, warmup_steps=cfg.warmup_steps, scale_policy=cfg.scale_policy,
                                  cache_dir=cache_dir, dtype=getattr(torch, cfg.dtype), device=cfg.device)
 

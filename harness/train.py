@@ -374,7 +374,7 @@ def train_run(cfg: TrainConfig, progress=None) -> dict:
     device = cfg.device
     require_device(device)
     torch.manual_seed(cfg.seed)
-    ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed)
+    ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed).compute_on(device)
     d_k_start = cfg.d_k_max if cfg.method == "fixed-large" else cfg.d_k0
     model = ds.build_model(d_k_start, n_heads=cfg.n_heads, scale_policy=cfg.scale_policy,
                            dtype=getattr(torch, cfg.dtype), device=device)

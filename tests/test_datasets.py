@@ -252,6 +252,28 @@ def test_teacher_rank_default_and_covariance() -> None:
     assert torch.allclose(emp, ds.covariance, atol=0.03)
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_computing_on_the_cpu_is_the_plain_batch_bit_for_bit(name: str) -> None:
+    ds = small(name)
+    assert ds.compute_on("cpu") is ds and ds.compute_device == torch.device("cpu")
+    for split, index in (("train", 3), ("test", 0)):
+        for got, plain in zip(ds.batch(5, split, index), small(name).batch(5, split, index), strict=True):
+            assert got.device.type == "cpu" and torch.equal(got, plain)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_teacher_batches_computed_on_cuda_are_the_cpu_batches_up_to_rounding() -> None:
+    ds = make_dataset("teacher", d_e=64, d_s=32, seed=2).compute_on("cuda")
+    for split, index in (("train", 0), ("test", 4)):
+        X, Y = ds.batch(6, split, index)
+        X_cpu, Y_cpu = make_dataset("teacher", d_e=64, d_s=32, seed=2).batch(6, split, index)
+        assert X.is_cuda and Y.is_cuda
+        # The draw is the CPU generator's; only float64 rounding of the product and the teacher differs.
+        torch.testing.assert_close(X.cpu(), X_cpu, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(Y.cpu(), Y_cpu, rtol=1e-6, atol=1e-7)
+    assert ds.teacher.W_O.device.type == "cpu"  # the original stays: the student copies its values from it
+
+
 def test_reference_problem_is_the_documented_teacher_student_capture() -> None:
     """Inputs from ``seed``, teacher from ``seed + 1``, the teacher's values and output, and a consistent capture."""
     pb = teacher_mod.reference_problem(b=4, d_s=6, d_e=8, d_k=2, teacher_d_k=3, cond=10.0, causal=True, seed=5,
