@@ -9,12 +9,17 @@ from pathlib import Path
 import strategies
 
 ROOT = Path(__file__).resolve().parent.parent
+COMMITTED_REPORTS = ("reports", "reports/cuda")
 
 
 def test_recommendation_default_json_and_readme_name_the_same_specs():
     regimes = json.loads((ROOT / "strategies" / "default.json").read_text())["regimes"]
     shipped = {key: entry["spec"] for key, entry in regimes.items()}
-    evidence = json.loads((ROOT / "reports" / "recommendation.json").read_text())["regimes"]
+    evidence = {}
+    for folder in COMMITTED_REPORTS:  # the CPU reference and the GPU's: each regime's evidence in one of them
+        regimes = json.loads((ROOT / folder / "recommendation.json").read_text())["regimes"]
+        assert not set(regimes) & set(evidence), f"{folder} repeats a regime"
+        evidence.update(regimes)
     assert set(shipped) == set(evidence), "default.json and the committed evidence cover different regimes"
     for key, spec in shipped.items():
         assert strategies.canonical(spec) == strategies.canonical(evidence[key]["spec"]) == spec, key
@@ -23,6 +28,7 @@ def test_recommendation_default_json_and_readme_name_the_same_specs():
     named = set(re.findall(r"`([a-z0-9+/:\-]+/[a-z0-9+/:\-]+)`", section))
     assert named == set(shipped.values()), f"the README's default section names {sorted(named)}, default.json " \
                                            f"{sorted(set(shipped.values()))}"
-    report = (ROOT / "reports" / "report.md").read_text()
-    what_to_use = report.split("## What to use", 1)[1].split("\n## ", 1)[0]
-    assert all(spec in what_to_use for spec in shipped.values())
+    for folder in COMMITTED_REPORTS:
+        report = (ROOT / folder / "report.md").read_text()
+        what_to_use = report.split("## What to use", 1)[1].split("\n## ", 1)[0]
+        assert all(spec in what_to_use for spec in shipped.values()), folder
