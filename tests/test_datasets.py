@@ -261,6 +261,17 @@ def test_computing_on_the_cpu_is_the_plain_batch_bit_for_bit(name: str) -> None:
             assert got.device.type == "cpu" and torch.equal(got, plain)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_teacher_batches_computed_elsewhere_stay_there(causal: bool) -> None:
+    # The meta device holds no values, only placement and shapes: a tensor left on the CPU (a mask,
+    # the draw) would raise here as it would on a GPU, which CI does not have.
+    ds = make_dataset("teacher", d_e=16, d_s=8, seed=0, causal=causal).compute_on("meta")
+    X, Y = ds.batch(3, "test", 2)
+    assert X.device.type == Y.device.type == "meta" and X.shape == Y.shape == (3, 8, 16)
+    assert X.dtype == Y.dtype == torch.float32
+    assert ds._chol.device.type == "cpu" and ds.teacher.W_O.device.type == "cpu"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_teacher_batches_computed_on_cuda_are_the_cpu_batches_up_to_rounding() -> None:
     ds = make_dataset("teacher", d_e=64, d_s=32, seed=2).compute_on("cuda")
