@@ -158,6 +158,7 @@ class TeacherDataset(Dataset):
         # float64 so that targets are exact to float32 rounding and float64 students can reach ~0 loss.
         self.teacher = sharpened_teacher(self.d_e, o["teacher_d_k"], o["teacher_sharpness"], causal=self.causal,
                                          generator=self._generator("teacher"))
+        self._device_copies: tuple[torch.device, Tensor, GrowableAttention] | None = None
 
     @property
     def covariance(self) -> Tensor:
@@ -221,7 +222,7 @@ class TeacherDataset(Dataset):
         stay where the reference problem and the student's copy of the values read them)."""
         if device.type == "cpu":
             return self._chol, self.teacher
-        if getattr(self, "_device_copies", (None,))[0] != device:
+        if self._device_copies is None or self._device_copies[0] != device:
             self._device_copies = (device, self._chol.to(device), copy.deepcopy(self.teacher).to(device))
         return self._device_copies[1], self._device_copies[2]
 
