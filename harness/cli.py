@@ -177,12 +177,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from harness.store.results import ResultsDB
     from harness.validate import check_runs
 
-    configs = _without_missing_extra(expand(_grids(args)), "run", by_name=bool(args.datasets) or not args.preset)
+    configs, skipping = _without_missing_extra(expand(_grids(args)), "run",
+                                               by_name=bool(args.datasets) or not args.preset)
     # Every run is checked before the database is touched. Devices named on the command line must be
     # present; a preset's cuda runs are skipped on a machine without a GPU, as documented.
     check_runs(configs, jobs=args.jobs, max_memory=args.max_memory, strict_devices=args.devices is not None)
     check_run_timeout(args.run_timeout, args.backend)
     ResultsDB(args.db).close()  # check, create and mark the file before a word is printed or a run measured
+    for line in skipping:
+        print(line, file=sys.stderr)
     print(f"{len(configs)} runs -> {args.db}", file=sys.stderr)
     _mixing_note(configs, args.db)
     _warmup_note(configs)
@@ -207,20 +210,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _without_missing_extra(configs: list, command: str, *, by_name: bool) -> list:
-    """``configs`` less the real model's runs when the ``real`` extra is missing here.
+def _without_missing_extra(configs: list, command: str, *, by_name: bool) -> tuple[list, list[str]]:
+    """``configs`` less the real model's runs when the ``real`` extra is missing here, and the lines that say so.
 
-    A preset that mixes them with others leaves them out with a line (a GPU host without the extra still runs
-    the rest); asked for by name (``by_name``), or with nothing else left, they are refused.
+    A preset that mixes them with others leaves them out (a GPU host without the extra still runs the rest);
+    asked for by name (``by_name``), or with nothing else left, they are refused. The caller prints the lines
+    once every other check has passed, so that a refusal stays one line.
     """
     from harness.validate import runnable_here
 
     runnable, missing = runnable_here(configs)
     if missing and (by_name or not runnable):
         raise ConfigError("dataset", missing[0])
-    for why in missing:
-        print(f"growbench {command}: skipping the real model's runs: {why}", file=sys.stderr)
-    return runnable
+    return runnable, [f"growbench {command}: skipping the real model's runs: {why}" for why in missing]
 
 
 def _mixing_note(configs: list, db_path: str) -> None:
@@ -385,9 +387,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
             configs = list(dict.fromkeys(dataclasses.replace(c, **{field: v}) for v in values for c in configs))
     if args.device:
         configs = list(dict.fromkeys(dataclasses.replace(c, device=args.device) for c in configs))
-    configs = _without_missing_extra(configs, "train", by_name=bool(args.datasets))
+    configs, skipping = _without_missing_extra(configs, "train", by_name=bool(args.datasets))
     check_train_configs(configs, jobs=args.jobs, max_memory=args.max_memory, strict_devices=bool(args.device))
     TrainDB(args.db).close()  # check, create and mark the file before a word is printed or a run trained
+    for line in skipping:
+        print(line, file=sys.stderr)
     print(f"{len(configs)} training runs -> {args.db}", file=sys.stderr)
     runs = run_train_sweep(configs, args.db, jobs=args.jobs, resume=not args.no_resume,
                            retry_failed=args.retry_failed, progress=not args.no_progress, threads=args.threads,

@@ -104,8 +104,13 @@ def test_run_refuses_cuda_when_absent(capsys, tmp_path, monkeypatch):
     assert "torch.cuda.is_available() is False" in line
 
 
-def test_a_preset_with_cuda_runs_is_refused_when_no_run_can_run_here(capsys, tmp_path, monkeypatch):
+@pytest.mark.parametrize("weights", [True, False])
+def test_a_preset_with_cuda_runs_is_refused_when_no_run_can_run_here(capsys, tmp_path, monkeypatch, weights):
+    import datasets.minilm
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # Without the real extra the MiniLM runs are left out, but only once the rest passed: still one line.
+    monkeypatch.setattr(datasets.minilm, "weights_available", lambda: weights)
     refused(capsys, tmp_path, ["run", "--preset", "gpu", "--no-progress"], "--devices")
 
 
