@@ -19,7 +19,6 @@ import pytest
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parent.parent
-REPORTS = ROOT / "reports"
 
 
 #: The committed reports and how many (regime, dataset) claims each has at least.
