@@ -576,7 +576,7 @@ class GrowthStrategy(Strategy):
     def _finish(self, ctx: StepContext, prob: SearchProblem, lam: float, loss_at: float):
         """The line search's finishing step at ``lam``, with the whole batch's loss there: ``(U, s, V, λ, loss)``."""
         U, s, V, lam, loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
-        if lam > 0 and (ctx.heldout_samples is not None or not math.isfinite(loss_after or math.nan)):
+        if lam > 0 and (ctx.heldout_samples is not None or loss_after is None or not math.isfinite(loss_after)):
             # The search moved part of the batch, or judged another direction: the whole batch's loss at the step.
             with torch.no_grad():
                 loss_after = float(ctx.loss(truncated_scores(ctx.X, U, s, V)))
