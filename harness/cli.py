@@ -492,7 +492,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                                         "resumes by default.")
     parser.add_argument("--preset", default="quick",
                         help="smoke (<2 min), quick (<15 min on 2 cores), real (the pretrained MiniLM, every head of "
-                             "one layer narrowed and grown while distilling; ~10 min on one thread; extra `real`), "
+                             "one layer narrowed and grown while distilling; ~13 min on 2 cores; extra `real`), "
                              "full (both, longer)")
     parser.add_argument("--methods", type=_csv(str),
                         help="replace the preset's single-head methods by these (specs, presets, baselines, "

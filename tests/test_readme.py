@@ -37,5 +37,7 @@ def test_the_readme_counts_are_the_codes():
     assert int(re.search(r"--preset smoke +# (\d+) runs", README).group(1)) == len(expand(sweep_presets()["smoke"]))
     quick = re.search(r"--preset quick +# .*?\((\d+) seeds\).*?\((\d+) seeds\)", README)
     assert (int(quick.group(1)), int(quick.group(2))) == (len(RULE_SEEDS), len(PRETRAINED_SEEDS))
-    real_seeds = int(re.search(r"--preset real +# .*?(\d+) seeds", README).group(1))
+    real_seeds = int(re.search(r"train --preset real +# .*?(\d+) seeds", README).group(1))
     assert real_seeds == len({c.seed for c in train_presets()["real"]})
+    quick_seeds = int(re.search(r"train --preset quick +# .*?(\d+) seeds", README).group(1))
+    assert quick_seeds == len({c.seed for c in train_presets()["quick"]})

@@ -3,10 +3,11 @@
 Target (a): ``default`` growth reaches ``fixed-large``'s median final held-out loss at no more
 than 0.7 × fixed-large's median total FLOPs (on the median curve over seeds). Target (b):
 ``default``'s final held-out loss is no higher than each of ``random``, ``zero``, ``gradmax``,
-``fixed-small`` and ``fixed-large``'s on every seed. Both use the variants at default settings
-(one head, ``rescale``, ``pad``, ``schedule``). Why a target is missed is measured too: the
-held-out loss just before and just after each growth (recorded with every growth event), for
-the default and the baselines that grow.
+``fixed-small`` and ``fixed-large``'s on every seed; beside each count, the mean paired change
+of the final held-out loss over seeds, with its 95 % t interval, says whether the difference is
+beyond seed noise. Both use the variants at default settings (one head, ``rescale``, ``pad``,
+``schedule``). Why a target is missed is measured too: the held-out loss just before and just
+after each growth (recorded with every growth event), for the default and the baselines that grow.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from harness.recommend import Paired
 from harness.report.train_runs import (
     BASELINES,
     COMPARISONS,
@@ -62,14 +64,36 @@ class Verdict:
     parts: list[str] = field(default_factory=list)
 
 
-def _paired_wins(runs: pd.DataFrame, panel: str, a: str, b: str, ties: bool = False) -> tuple[int, int]:
-    """Seeds where ``a``'s final held-out loss is below ``b``'s (or equal, with ``ties``), and the seeds both ran
-    successfully."""
+def _paired_finals(runs: pd.DataFrame, panel: str, a: str, b: str) -> pd.DataFrame:
+    """Per seed both ran successfully: ``a``'s and ``b``'s final held-out loss (columns ``a``, ``b``)."""
     ok = runs[(runs.panel == panel) & (runs.status == "ok")]
     x = ok[ok.variant == a].groupby("seed").final_heldout.median()
     y = ok[ok.variant == b].groupby("seed").final_heldout.median()
-    both = pd.concat([x.rename("a"), y.rename("b")], axis=1, join="inner")
+    return pd.concat([x.rename("a"), y.rename("b")], axis=1, join="inner")
+
+
+def _paired_wins(runs: pd.DataFrame, panel: str, a: str, b: str, ties: bool = False) -> tuple[int, int]:
+    """Seeds where ``a``'s final held-out loss is below ``b``'s (or equal, with ``ties``), and the seeds both ran
+    successfully."""
+    both = _paired_finals(runs, panel, a, b)
     return int(((both.a <= both.b) if ties else (both.a < both.b)).sum()), len(both)
+
+
+def paired_change(runs: pd.DataFrame, panel: str, a: str, b: str) -> Paired:
+    """``a``'s final held-out loss relative to ``b``'s (``a / b − 1``, + = ``a`` ends higher), its mean over the
+    seeds both ran and the 95 % t interval of that mean (:class:`harness.recommend.Paired`): whether a
+    difference between two methods is beyond seed-to-seed noise."""
+    both = _paired_finals(runs, panel, a, b)
+    return Paired.of((both.a / both.b - 1).to_numpy())
+
+
+def _change_text(change: Paired) -> str:
+    """``+1.2% [+0.3%, +2.1%], beyond seed noise`` (or ``within seed noise``; no interval from one seed)."""
+    if change.n < 2:
+        return f"{100 * change.mean:+.3g}% (one seed: no noise estimate)"
+    beyond = change.low > 0 or change.high < 0
+    return (f"{100 * change.mean:+.3g}% [{100 * change.low:+.3g}%, {100 * change.high:+.3g}%], "
+            f"{'beyond' if beyond else 'within'} seed noise")
 
 
 def measured_groups(table: pd.DataFrame, panel: str) -> list[tuple[str, list[tuple[str, pd.Series]]]]:
@@ -138,8 +162,11 @@ def _target_b(runs: pd.DataFrame, table: pd.DataFrame, panel: str, default: pd.S
     parts, lost = [], []
     for v, r in measured.items():
         wins, n = _paired_wins(runs, panel, "default", v, ties=True)
-        parts.append(f"{v} {four_digits(r.final_heldout)} (default no higher on {wins} of {plural(n, 'seed')})")
+        change = paired_change(runs, panel, "default", v)
+        parts.append(f"{v} {four_digits(r.final_heldout)} (default no higher on {wins} of {plural(n, 'seed')}; "
+                     f"default against it {_change_text(change)})")
         numbers[f"{v}_final"] = r.final_heldout
+        numbers[f"{v}_change"] = change
         if wins < n:
             lost.append(v)
     if lost:
