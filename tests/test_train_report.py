@@ -210,6 +210,30 @@ def test_paired_change_is_scipys_t_interval_of_the_per_seed_ratios(section):
     assert "within seed noise" in text.split("gradmax 1.95")[1].split(")")[0]
 
 
+def test_advantage_along_training_is_the_paired_change_at_each_step(fixture_db, section):
+    """default against zero at each evaluation step, from the stored curves (3 → final linearly, see train_row):
+    scipy's t interval of the per-seed ratios; the verdict names the first evaluation after each growth."""
+    from scipy import stats
+
+    from harness.report.train_verdict import advantage_along
+
+    _, curves = load_training(fixture_db)
+    runs = prepare(section.runs)
+    along = dict(advantage_along(runs, curves, "teacher"))
+    assert sorted(along) == list(range(0, STEPS + 1, EVERY))
+    assert along[0].mean == 0 and along[0].n == 3  # both start at 3.0
+    for step in (20, STEPS):
+        ratios = [(3 + (d - 3) * step / STEPS) / (3 + (z - 3) * step / STEPS) - 1
+                  for d, z in zip(FINALS[("teacher", "default")], FINALS[("teacher", "zero")], strict=True)]
+        low, high = stats.ttest_1samp(ratios, 0.0).confidence_interval(0.95)
+        assert (along[step].mean, along[step].low, along[step].high) == pytest.approx(
+            (statistics.mean(ratios), low, high))
+    text = {x.dataset: x for x in section.verdicts}["teacher"].text
+    assert "after the growth at step 10 (step 20): " in text and "after the growth at step 30 (step 40)" not in text
+    assert f"at the end (step {STEPS}): {100 * along[STEPS].mean:+.3g}%" in text
+    assert advantage_along(runs, curves, "teacher", baseline="no-such-method") == []
+
+
 def test_advice_says_whether_a_baseline_that_ends_lower_does_so_beyond_seed_noise(section):
     from harness.report.advice import _training_exceptions
 

@@ -22,6 +22,7 @@ from harness.recommend import Paired
 from harness.report.train_runs import (
     BASELINES,
     COMPARISONS,
+    growth_steps,
     median_curves,
     prepare,
     stored_json,
@@ -210,8 +211,52 @@ def _effects_text(effects: dict[str, tuple[float, int]]) -> str | None:
                                                       for v, (c, n) in effects.items()) + ".")
 
 
-def panel_verdict(runs: pd.DataFrame, table: pd.DataFrame, panel: str, curves: pd.DataFrame | None = None) -> Verdict:
-    """Judge ``default`` growth on one panel against targets (a) and (b) (see the module docstring)."""
+def advantage_along(runs: pd.DataFrame, curves: pd.DataFrame, panel: str, baseline: str = "zero"
+                    ) -> list[tuple[int, Paired]]:
+    """Where a growth's advantage goes: at each evaluation step, ``default``'s held-out loss relative to
+    ``baseline``'s (``default / baseline − 1``), its mean over the seeds both ran and 95 % t interval.
+
+    Parameters
+    ----------
+    runs : pandas.DataFrame
+        Prepared training runs (with ``panel``).
+    curves : pandas.DataFrame
+        Stored curve points (``key``, ``step``, ``heldout_loss``).
+    panel, baseline : str
+
+    Returns
+    -------
+    list of (int, Paired)
+        By step; empty when either method has no successful run with a curve.
+    """
+    ok = runs[(runs.panel == panel) & (runs.status == "ok") & runs.variant.isin(["default", baseline])]
+    points = curves.merge(ok[["key", "variant", "seed"]], on="key")
+    if points.empty or points.variant.nunique() < 2:
+        return []
+    table = points.pivot_table(index=["step", "seed"], columns="variant", values="heldout_loss").dropna()
+    return [(int(step), Paired.of((g["default"] / g[baseline] - 1).to_numpy()))
+            for step, g in table.groupby(level="step")]
+
+
+def _advantage_text(along: list[tuple[int, Paired]], growths: list[int], baseline: str) -> str | None:
+    """The paired change at the first evaluation after each growth and at the last step, as one sentence."""
+    steps = [s for s, _ in along]
+    picked = {next(s for s in steps if s > g): f"after the growth at step {g}" for g in growths
+              if steps and steps[-1] > g}
+    if not picked:
+        return None
+    picked[steps[-1]] = "at the end"
+    by_step = dict(along)
+    return (f"Where each growth's advantage goes (default against {baseline}, paired change of the held-out loss at "
+            f"the first evaluation after each growth and at the end; + = the default is higher): "
+            + "; ".join(f"{label} (step {s}): {_change_text(by_step[s])}" for s, label in sorted(picked.items()))
+            + ".")
+
+
+def panel_verdict(runs: pd.DataFrame, table: pd.DataFrame, panel: str, curves: pd.DataFrame | None = None,
+                  raw_curves: pd.DataFrame | None = None) -> Verdict:
+    """Judge ``default`` growth on one panel against targets (a) and (b) (see the module docstring); ``curves``
+    are the median curves, ``raw_curves`` the stored ones (for :func:`advantage_along` against ``zero``)."""
     default, fixed_large = table_row(table, panel, "default"), table_row(table, panel, "fixed-large")
     numbers: dict = {}
     curve = (curves[(curves.panel == panel) & (curves.variant == "default")] if curves is not None and len(curves)
@@ -220,7 +265,10 @@ def panel_verdict(runs: pd.DataFrame, table: pd.DataFrame, panel: str, curves: p
     b, text_b = _target_b(runs, table, panel, default, numbers)
     effects = growth_effects(runs, panel)
     numbers["growth_effects"] = effects
-    parts = [text_a, text_b, *filter(None, [_effects_text(effects)])]
+    along = advantage_along(runs, raw_curves, panel) if raw_curves is not None and len(raw_curves) else []
+    numbers["advantage_over_zero"] = along
+    advantage = _advantage_text(along, growth_steps(runs, panel), "zero")
+    parts = [text_a, text_b, *filter(None, [_effects_text(effects), advantage])]
     parts += [f"{t[0].upper()}{t[1:]}." for t in comparison_text(table, panel)]
     if a is False or b is False:
         parts.append(NEGATIVE)
@@ -237,7 +285,7 @@ def verdicts(runs: pd.DataFrame, table: pd.DataFrame | None = None, curves: pd.D
         runs = prepare(runs)
     table = training_table(runs) if table is None else table
     medians = median_curves(runs, curves) if curves is not None else None
-    return [panel_verdict(runs, table, p, medians) for p in sorted(runs.panel.unique())]
+    return [panel_verdict(runs, table, p, medians, curves) for p in sorted(runs.panel.unique())]
 
 
 def overall_text(judged: list[Verdict]) -> str:
