@@ -7,7 +7,9 @@ than 0.7 × fixed-large's median total FLOPs (on the median curve over seeds). T
 of the final held-out loss over seeds, with its 95 % t interval, says whether the difference is
 beyond seed noise. Both use the variants at default settings (one head, ``rescale``, ``pad``,
 ``schedule``). Why a target is missed is measured too: the held-out loss just before and just
-after each growth (recorded with every growth event), for the default and the baselines that grow.
+after each growth (recorded with every growth event), for the default and the baselines that grow,
+and where that advantage goes in the training that follows (:func:`advantage_along`: default
+against zero, paired over seeds, at every evaluation).
 """
 
 from __future__ import annotations
