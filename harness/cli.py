@@ -493,6 +493,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--preset", default="quick",
                         help="smoke (<2 min), quick (<15 min on 2 cores), real (the pretrained MiniLM, every head of "
                              "one layer narrowed and grown while distilling; ~13 min on 2 cores; extra `real`), "
+                             "real-once (the same, grown to full width in one growth after the first step), "
                              "full (both, longer)")
     parser.add_argument("--methods", type=_csv(str),
                         help="replace the preset's single-head methods by these (specs, presets, baselines, "

@@ -241,4 +241,5 @@ def test_real_weights_narrowed_layer_distils_and_full_width_is_the_original():
     narrow = train_run(TrainConfig(method="zero", **{**base, "steps": 4}))
     assert narrow["curve"][0]["heldout_loss"] > 1e-4 and narrow["final_d_k"] == [4] * 12
     assert narrow["final_heldout"] < narrow["curve"][0]["heldout_loss"]  # distillation recovers the narrowed heads
-    check_train_configs([dataclasses.replace(c, steps=1) for c in train_presets()["real"]])
+    presets = train_presets()
+    check_train_configs([dataclasses.replace(c, steps=1) for c in presets["real"] + presets["real-once"]])
