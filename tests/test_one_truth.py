@@ -17,9 +17,9 @@ def test_recommendation_default_json_and_readme_name_the_same_specs():
     shipped = {key: entry["spec"] for key, entry in regimes.items()}
     evidence = {}
     for folder in COMMITTED_REPORTS:  # the CPU reference and the GPU's: each regime's evidence in one of them
-        regimes = json.loads((ROOT / folder / "recommendation.json").read_text())["regimes"]
-        assert not set(regimes) & set(evidence), f"{folder} repeats a regime"
-        evidence.update(regimes)
+        committed = json.loads((ROOT / folder / "recommendation.json").read_text())["regimes"]
+        assert not set(committed) & set(evidence), f"{folder} repeats a regime"
+        evidence.update(committed)
     assert set(shipped) == set(evidence), "default.json and the committed evidence cover different regimes"
     for key, spec in shipped.items():
         assert strategies.canonical(spec) == strategies.canonical(evidence[key]["spec"]) == spec, key

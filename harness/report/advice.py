@@ -24,7 +24,7 @@ from harness.report.figures.ablation import ablation_pairs, ablation_summary
 from harness.report.names import short_label
 from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
 from harness.report.train_runs import table_row
-from harness.report.train_verdict import FLOPS_TARGET, TARGET_BASELINES, measured_groups
+from harness.report.train_verdict import FLOPS_TARGET, TARGET_BASELINES, measured_groups, noise_word
 from harness.report.training import TrainingSection
 from harness.report.wording import duration, four_digits, listing, times
 
@@ -84,12 +84,11 @@ def _faster(rec: Recommendation) -> list[str]:
             f"{times(chosen / first.time_ms)} faster ({duration(first.time_ms)}) but {cost}{missing}."]
 
 
-def _noise_word(change) -> str:
-    """``", beyond seed noise"`` when the paired change's interval (:func:`harness.report.train_verdict.paired_change`)
-    excludes 0, ``", within seed noise"`` when it spans 0, nothing without an interval (one seed)."""
-    if change is None or change.n < 2:
-        return ""
-    return ", beyond seed noise" if change.low > 0 or change.high < 0 else ", within seed noise"
+def _ended_at(method: str, final: float, change) -> str:
+    """``random (2.068, within seed noise)``: a method's final held-out loss and whether its difference to the
+    default's is beyond seed noise (:func:`harness.report.train_verdict.noise_word`)."""
+    word = noise_word(change)
+    return f"{method} ({four_digits(final)}{', ' + word if word else ''})"
 
 
 def _training_exceptions(section: TrainingSection) -> list[str]:
@@ -107,8 +106,7 @@ def _training_exceptions(section: TrainingSection) -> list[str]:
             out.append(f"when the full width is affordable from the start on {v.dataset}: fixed-large; "
                        f"{how} (target: reach it at ×{FLOPS_TARGET:g} of its FLOPs).")
         if v.beats_baselines is False:
-            better = [f"{b} ({four_digits(r.final_heldout)}{_noise_word(v.numbers.get(f'{b}_change'))})"
-                      for b in TARGET_BASELINES
+            better = [_ended_at(b, r.final_heldout, v.numbers[f"{b}_change"]) for b in TARGET_BASELINES
                       if (r := table_row(section.table, v.dataset, b)) is not None
                       and not default.final_heldout <= r.final_heldout]
             if better:

@@ -75,28 +75,32 @@ def _paired_finals(runs: pd.DataFrame, panel: str, a: str, b: str) -> pd.DataFra
     return pd.concat([x.rename("a"), y.rename("b")], axis=1, join="inner")
 
 
-def _paired_wins(runs: pd.DataFrame, panel: str, a: str, b: str, ties: bool = False) -> tuple[int, int]:
-    """Seeds where ``a``'s final held-out loss is below ``b``'s (or equal, with ``ties``), and the seeds both ran
-    successfully."""
-    both = _paired_finals(runs, panel, a, b)
-    return int(((both.a <= both.b) if ties else (both.a < both.b)).sum()), len(both)
+def _change(both: pd.DataFrame) -> Paired:
+    """Column ``a`` relative to ``b`` (``a / b − 1``), its mean over the rows and 95 % t interval."""
+    return Paired.of((both.a / both.b - 1).to_numpy())
 
 
 def paired_change(runs: pd.DataFrame, panel: str, a: str, b: str) -> Paired:
     """``a``'s final held-out loss relative to ``b``'s (``a / b − 1``, + = ``a`` ends higher), its mean over the
     seeds both ran and the 95 % t interval of that mean (:class:`harness.recommend.Paired`): whether a
     difference between two methods is beyond seed-to-seed noise."""
-    both = _paired_finals(runs, panel, a, b)
-    return Paired.of((both.a / both.b - 1).to_numpy())
+    return _change(_paired_finals(runs, panel, a, b))
+
+
+def noise_word(change: Paired) -> str:
+    """``beyond seed noise`` when ``change``'s interval excludes 0, ``within seed noise`` when it spans 0, and
+    nothing from one seed (no interval)."""
+    if change.n < 2:
+        return ""
+    return "beyond seed noise" if change.low > 0 or change.high < 0 else "within seed noise"
 
 
 def _change_text(change: Paired) -> str:
     """``+1.2% [+0.3%, +2.1%], beyond seed noise`` (or ``within seed noise``; no interval from one seed)."""
     if change.n < 2:
         return f"{100 * change.mean:+.3g}% (one seed: no noise estimate)"
-    beyond = change.low > 0 or change.high < 0
     return (f"{100 * change.mean:+.3g}% [{100 * change.low:+.3g}%, {100 * change.high:+.3g}%], "
-            f"{'beyond' if beyond else 'within'} seed noise")
+            f"{noise_word(change)}")
 
 
 def measured_groups(table: pd.DataFrame, panel: str) -> list[tuple[str, list[tuple[str, pd.Series]]]]:
@@ -164,8 +168,8 @@ def _target_b(runs: pd.DataFrame, table: pd.DataFrame, panel: str, default: pd.S
         return None, "(b) not judged: no baseline ran."
     parts, lost = [], []
     for v, r in measured.items():
-        wins, n = _paired_wins(runs, panel, "default", v, ties=True)
-        change = paired_change(runs, panel, "default", v)
+        both = _paired_finals(runs, panel, "default", v)
+        wins, n, change = int((both.a <= both.b).sum()), len(both), _change(both)
         parts.append(f"{v} {four_digits(r.final_heldout)} (default no higher on {wins} of {plural(n, 'seed')}; "
                      f"default against it {_change_text(change)})")
         numbers[f"{v}_final"] = r.final_heldout
