@@ -9,8 +9,10 @@ The rule (:func:`rule_text`), applied by :func:`recommend` to the runs of one re
 2. **Reference configuration.** For each dataset, only the runs of its *reference
    configuration* count: the group of runs sharing sizes (``d_s, d_e, b, d_k, p``),
    ``n_batches``, ``repeats``, ``warmup_steps``, ``dtype``, ``scale_policy``,
-   ``heldout_batches`` and device that covers the most distinct strategies (ties: the most
-   runs, then the smallest sizes). Every strategy is thus compared on the same problems and seeds.
+   ``heldout_batches`` and device that covers the most distinct strategies and, among those, has
+   the most runs. Configurations that still tie each count as a dataset of their own (the scale
+   set's widths within one band, say), so that the band's smallest width does not decide for its
+   largest. Every strategy is thus compared on the same problems and seeds.
 3. **Eligible.** Growth strategies only (the baselines ``random``, ``zero``, ``gradmax`` and
    names that are not valid specs are excluded) that never failed on any run of the regime
    and that have a successful reference run for every seed of every dataset of it.
@@ -104,8 +106,8 @@ RULE = (
     "lowers the held-out loss, among the strategies shown harmless on the others (there the lower end of their "
     "interval is at least -{frac:g} times the median best gain of those datasets); if no dataset or no strategy "
     "allows that, the strategy with the highest mean gain on its worst dataset (the one that harms least) is named. "
-    "Per dataset only its reference configuration counts: the "
-    "sizes/settings/device group with the most strategies."
+    "Per dataset only its reference configuration counts: the sizes/settings/device group with the most strategies "
+    "(then the most runs); groups that still tie count as datasets of their own."
 )
 class NoResults(ValueError):
     """The database is missing, empty, or holds no successful run."""
@@ -201,8 +203,16 @@ def label(spec: str, names: dict[str, str] | None = None) -> str:
     return names.get(spec, spec)
 
 
+#: Between a dataset's name and the configuration that tells apart its tied reference configurations, in the
+#: ``dataset`` column of :func:`reference_runs` ("teacher @ d_e=768").
+PROBLEM_SEPARATOR = " @ "
+
+
 def reference_runs(frame: pd.DataFrame, device: str | None = None) -> pd.DataFrame:
-    """The successful runs of each dataset's reference configuration (see the module docstring).
+    """The successful runs of each dataset's reference configurations (see the module docstring).
+
+    Where several configurations of a dataset tie, each counts as a dataset of its own: its rows' ``dataset`` reads
+    ``"<dataset> @ <what differs>"`` (:data:`PROBLEM_SEPARATOR`; ``d_e=768`` when the widths differ).
 
     ``device``: restrict to one device; default the one with the most successful runs
     (``cpu`` on a tie).
@@ -219,13 +229,20 @@ def reference_runs(frame: pd.DataFrame, device: str | None = None) -> pd.DataFra
     for _, runs in ok.groupby("dataset", sort=True):
         cells = runs.groupby(list(CELL_COLUMNS), dropna=False)
         stats = pd.DataFrame({"n_strategies": cells.strategy.nunique(), "n_runs": cells.size()}).reset_index()
-        stats = stats.sort_values(["n_strategies", "n_runs", "d_s", "d_e", "b", "d_k", "p"],
-                                  ascending=[False, False, True, True, True, True, True], kind="stable")
-        best = stats.iloc[0]
-        sel = pd.Series(True, index=runs.index)
-        for c in CELL_COLUMNS:
-            sel &= (runs[c] == best[c]) | (runs[c].isna() & pd.isna(best[c]))
-        parts.append(runs[sel])
+        top = stats[(stats.n_strategies == stats.n_strategies.max()) & (stats.n_runs == stats.n_runs.max())]
+        top = top.sort_values(["d_s", "d_e", "b", "d_k", "p"], kind="stable")
+        # Configurations that tie are each a problem of their own (the scale set's widths of one band, say): one of
+        # them alone would let the band's smallest width decide for its largest.
+        named_by = ["d_e"] if top.d_e.nunique() > 1 else [c for c in CELL_COLUMNS if top[c].nunique(dropna=False) > 1]
+        for _, cell in top.iterrows():
+            sel = pd.Series(True, index=runs.index)
+            for c in CELL_COLUMNS:
+                sel &= (runs[c] == cell[c]) | (runs[c].isna() & pd.isna(cell[c]))
+            part = runs[sel]
+            if len(top) > 1:
+                part = part.assign(dataset=f"{part.dataset.iloc[0]}{PROBLEM_SEPARATOR}"
+                                           + ",".join(f"{c}={cell[c]}" for c in named_by))
+            parts.append(part)
     return pd.concat(parts) if parts else ok.iloc[:0]
 
 

@@ -34,10 +34,11 @@ def committed(request):
 
 
 def _reference(runs: pd.DataFrame, dataset: str, description: str) -> pd.DataFrame:
-    """The runs of ``dataset`` in the reference configuration that ``description`` names."""
+    """The runs of ``dataset`` in the reference configuration that ``description`` names (``dataset`` may be
+    "teacher @ d_e=768", one of a dataset's tied configurations)."""
     sizes = dict(re.findall(r"(\w+)=(\d+)", description.split(" on ")[0]))
     device = description.split(" on ")[1].split(",")[0]
-    sel = (runs.dataset == dataset) & (runs.device == device)
+    sel = (runs.dataset == dataset.split(" @ ")[0]) & (runs.device == device)
     for key, value in sizes.items():
         sel &= runs[key] == int(value)
     return runs[sel]

@@ -99,8 +99,8 @@ def _problem(d_e: int, seed: int = 0, device: str = "cpu"):
     W_K = 0.3 * torch.randn(d_e, d_k, generator=g, dtype=torch.float64)
     T = torch.randn(b, d_s, d_s, generator=g, dtype=torch.float64)
 
-    def loss(S):
-        return ((torch.softmax(S, -1) - torch.softmax(T, -1)) ** 2).mean()
+    def loss(S):  # S on the CPU for the gradient below, on ``device`` inside the growth
+        return ((torch.softmax(S, -1) - torch.softmax(T.to(S.device), -1)) ** 2).mean()
 
     S = (X @ W_Q) @ (X @ W_K).mT / math.sqrt(d_k)
     S.requires_grad_(True)

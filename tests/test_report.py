@@ -361,6 +361,29 @@ def test_recommendation_follows_the_rule(tmp_path, capsys):
     assert FAST_BAD in out and FLAKY in out
 
 
+def test_tied_configurations_each_count_as_a_dataset(tmp_path):
+    # One dataset at two widths with the same strategies and seeds (the scale set's widths of one band): FAST_BAD
+    # keeps 90 % of the best's gain at the smaller width and 50 % at the larger. With the smaller width alone
+    # deciding, FAST_BAD would be chosen (it is the fastest and within there).
+    rows = []
+    for seed in range(4):
+        noise = 1e-4 * (seed - 1.5)
+        for d_e, fast_gain in ((8, 0.0090), (16, 0.0050)):
+            rows += [row(BEST, "A", seed=seed, d_e=d_e, t=0.010, heldout=0.0100 + noise),
+                     row(FAST_BAD, "A", seed=seed, d_e=d_e, t=0.001, heldout=fast_gain + noise)]
+    rec = R.recommend(R.load_frame(write_db(tmp_path / "tie.sqlite", rows)))
+    assert rec.spec == BEST and rec.verdict == R.GENERALISES
+    assert sorted(rec.datasets) == ["A @ d_e=16", "A @ d_e=8"]
+    assert "d_e=16" in rec.cells["A @ d_e=16"] and "d_e=8 " in rec.cells["A @ d_e=8"]
+    reason = rec.table.set_index("strategy").loc[FAST_BAD, "reason"]
+    assert "A @ d_e=16: not shown within 20% of the best's gain (0.5% vs 1%" in reason
+    assert "A @ d_e=8:" not in reason
+    # A configuration with fewer runs does not tie: one seed fewer at d_e=16 leaves d_e=8 alone, and FAST_BAD wins.
+    fewer = [r for r in rows if not (r["d_e"] == 16 and r["seed"] == 3)]
+    rec = R.recommend(R.load_frame(write_db(tmp_path / "fewer.sqlite", fewer)))
+    assert rec.spec == FAST_BAD and list(rec.datasets) == ["A"] and "d_e=8 " in rec.cells["A"]
+
+
 def test_fallback_when_nothing_qualifies(tmp_path, capsys):
     # Each lowers the held-out loss everywhere, but each keeps only 50 % of the other's gain on one dataset.
     x, y = DEFAULT, BEST
