@@ -253,9 +253,10 @@ def test_advice_keeps_fixed_large_out_where_growth_ends_below_it(section):
     table = section.table.copy()
     late = Verdict("teacher", matches_fixed_large=False, beats_baselines=True, text="",
                    numbers={"flops_ratio": 0.76, "loss_ratio": 0.99})
-    assert not [x for x in _training_exceptions(SimpleNamespace(verdicts=[late], table=table)) if "full width" in x]
+    section = SimpleNamespace(verdicts=[late], table=table, schedules=[])
+    assert not [x for x in _training_exceptions(section) if "full width" in x]
     table.loc[(table.dataset == "teacher") & (table.variant == "fixed-large"), "final_heldout"] = 0.5
-    (line,) = _training_exceptions(SimpleNamespace(verdicts=[late], table=table))
+    (line,) = _training_exceptions(section)
     assert line == ("when the full width is affordable from the start on teacher: fixed-large; default growth "
                     "reaches its final held-out loss at ×0.76 of its FLOPs (target: reach it at ×0.7 of its FLOPs).")
 
@@ -285,6 +286,27 @@ def test_one_dataset_at_two_sizes_is_two_panels():
     assert "fixed-large 2 (default no higher on 1 of 1 seed; default against it -50% (one seed: no noise " \
         "estimate))" in v["teacher (d_e=8)"].text
     assert "fixed-large 3 (default no higher on 1 of 1 seed;" in v["teacher (d_e=16)"].text
+
+
+def test_one_variant_at_two_schedules_is_two_panels_and_a_variant_of_its_own_schedule_is_not():
+    once = dict(p=SIZES["d_k_max"] - SIZES["d_k0"], grow_every=1)
+    rows = [train_row("default", "teacher", 0, 1.0, 90, 5), train_row("fixed-large", "teacher", 0, 2.0, 100),
+            train_row("default", "teacher", 0, 0.5, 90, 5, **once),
+            train_row("fixed-large", "teacher", 0, 2.0, 100, **once),
+            # The bottleneck trigger's own grow_every belongs to its variant, as in the 'variants' preset.
+            train_row("default", "teacher", 0, 1.5, 90, 5, trigger="bottleneck", grow_every=SIZES["grow_every"] // 2)]
+    runs = prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
+                                  if k != "curve"} for r in rows]))
+    staged = f"teacher (p={SIZES['p']}, grow_every={SIZES['grow_every']})"
+    at_once = f"teacher (p={once['p']}, grow_every=1)"
+    assert set(runs.panel) == {staged, at_once, f"teacher (p={SIZES['p']}, grow_every={SIZES['grow_every'] // 2})"}
+    t = training_table(runs)
+    assert _cell(t, staged, "default").final_vs_fixed_large == pytest.approx(0.5)
+    assert _cell(t, at_once, "default").final_vs_fixed_large == pytest.approx(0.25)
+    # Without the second schedule, the bottleneck variant shares the staged design's panel.
+    alone = prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
+                                   if k != "curve"} for r in (rows[0], rows[1], rows[4])]))
+    assert set(alone.panel) == {"teacher"}
 
 
 def test_growth_steps_and_median_curves(section, fixture_db):
@@ -465,3 +487,54 @@ def test_real_model_runs_are_a_panel_with_a_verdict_figures_and_tokens(tmp_path)
     assert (c.tokens == c.step * 8 * 32).all()
     t = med[(med.panel == "teacher") & (med.variant == "default")]
     assert (t.tokens == t.step * SIZES["b"] * SIZES["d_s"]).all()
+
+
+def test_the_regenerate_command_names_the_fewest_presets_whose_runs_are_the_databases():
+    from harness.report.training import infer_train_preset
+    from harness.runner.train_sweep import train_presets
+    from harness.train import config_fields
+
+    def frame(*names: str) -> pd.DataFrame:
+        configs = [c for name in names for c in train_presets()[name]]
+        return pd.DataFrame([c.as_dict() for c in configs])[config_fields()]
+
+    assert infer_train_preset(frame("quick")) == ["quick"]
+    assert infer_train_preset(frame("quick", "real")) == ["quick", "real"]
+    assert infer_train_preset(frame("quick", "real", "real-once")) == ["quick", "real", "real-once"]
+    # Runs that no preset holds (or only part of one) name none.
+    assert infer_train_preset(frame("quick").iloc[1:]) is None
+
+
+def test_two_schedules_compare_the_default_on_the_better_one_with_the_growers_on_the_other():
+    from scipy import stats
+
+    from harness.report.advice import _training_exceptions
+    from harness.report.train_verdict import schedule_comparisons
+
+    once = dict(p=SIZES["d_k_max"] - SIZES["d_k0"], grow_every=1)
+    staged_default, once_default, staged_zero = [2.0, 2.2, 2.1], [1.5, 1.7, 1.7], [1.9, 2.3, 2.0]
+    rows = []
+    for seed in range(3):
+        rows += [train_row("default", "teacher", seed, staged_default[seed], 90, 5),
+                 train_row("zero", "teacher", seed, staged_zero[seed], 80, 1),
+                 train_row("default", "teacher", seed, once_default[seed], 60, 5, **once)]
+    runs = prepare(pd.DataFrame([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()
+                                  if k != "curve"} for r in rows]))
+    (c,) = schedule_comparisons(runs)
+    staged = f"p={SIZES['p']}, grow_every={SIZES['grow_every']}"
+    assert (c.schedule, c.other) == (f"p={once['p']}, grow_every=1", staged)
+    assert set(c.changes) == {"default", "zero"} and c.wins["default"] == (3, 3)  # random did not run
+    for method, there in (("default", staged_default), ("zero", staged_zero)):
+        ratios = [a / b - 1 for a, b in zip(once_default, there, strict=True)]
+        ci = stats.ttest_1samp(ratios, 0.0).confidence_interval(0.95)
+        assert (c.changes[method].mean, c.changes[method].low, c.changes[method].high) == pytest.approx(
+            (statistics.mean(ratios), ci.low, ci.high))
+    assert c.flops == (60.0, 90.0) and "Median total FLOPs 60 against the default's 90" in c.text
+    # The advice names the better schedule only where the default's own change is beyond seed noise.
+    section = SimpleNamespace(verdicts=[], table=training_table(runs), schedules=[c])
+    (line,) = _training_exceptions(section)
+    assert line.startswith(f"when growing during training on teacher: grow with {c.schedule} rather than {c.other}")
+    assert "beyond seed noise" in line and "×0.67 its FLOPs" in line
+    tight = c.changes["default"]
+    c.changes["default"] = type(tight)(tight.mean, tight.low, 0.01, tight.n)
+    assert _training_exceptions(section) == []

@@ -24,7 +24,7 @@ from harness.report.figures.ablation import ablation_pairs, ablation_summary
 from harness.report.names import short_label
 from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
 from harness.report.train_runs import table_row
-from harness.report.train_verdict import FLOPS_TARGET, TARGET_BASELINES, measured_groups, noise_word
+from harness.report.train_verdict import FLOPS_TARGET, TARGET_BASELINES, change_text, measured_groups, noise_word
 from harness.report.training import TrainingSection
 from harness.report.wording import duration, four_digits, listing, times
 
@@ -112,6 +112,12 @@ def _training_exceptions(section: TrainingSection) -> list[str]:
             if better:
                 out.append(f"when growing during training on {v.dataset}: {listing(better)} ended at a median final "
                            f"held-out loss below the default's ({four_digits(default.final_heldout)}).")
+    for c in section.schedules:
+        change = c.changes.get("default")
+        if change is not None and change.n > 1 and change.high < 0:
+            out.append(f"when growing during training on {c.dataset}: grow with {c.schedule} rather than {c.other} "
+                       f"(the default's final held-out loss {change_text(change)}, against its growth with "
+                       f"{c.other}, at ×{c.flops[0] / c.flops[1]:.2f} its FLOPs).")
     return out
 
 

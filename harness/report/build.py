@@ -89,11 +89,13 @@ def _training(db, files: ReportFiles) -> tuple[TrainingSection | None, str | Non
     if not has_training(runs):
         return None, None
     section = build_training(runs, curves)
-    presets = infer_train_preset(runs)
-    which = (f"the '{presets[0]}' training preset's" if presets and len(presets) == 1 else
-             f"the {' and '.join(repr(q) for q in presets or [])} training presets'")
-    command = "\n".join(f"growbench train --preset {p} --db {shlex.quote(str(db))}   # the training runs: exactly "
-                        f"{which}" for p in presets) if presets else None
+    command = None
+    if presets := infer_train_preset(runs):
+        names = [repr(q) for q in presets]
+        which = (f"the {names[0]} training preset's" if len(names) == 1 else
+                 f"the {', '.join(names[:-1])} and {names[-1]} training presets'")
+        command = "\n".join(f"growbench train --preset {p} --db {shlex.quote(str(db))}   # the training runs: "
+                            f"exactly {which}" for p in presets)
     files.add_table("training_summary.csv", section.table)  # last: a section that failed leaves no CSV
     return section, command
 

@@ -2,7 +2,8 @@
 and summarised as medians over seeds (a table per dataset × variant, median curves per step).
 
 Runs are grouped by *panel*: the dataset, with the sizes appended when one database holds the same
-dataset at several sizes (medians never mix sizes).
+dataset at several sizes, and the schedule when it holds one variant at several schedules (medians never mix
+them).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ COMPARISONS = (
 )
 # Settings that no variant of one design changes: runs that differ in any of them are different panels.
 SETUP_FIELDS = ("d_s", "d_e", "b", "d_k0", "steps", "lr", "eval_every", "stats_batches", "device", "dtype")
+# The growth schedule, which some variants of one design change: runs of one variant that differ in it are
+# different panels.
+SCHEDULE_FIELDS = ("d_k_max", "p", "grow_every")
 TABLE_COLUMNS = ["dataset", "variant", "comparison", "seeds", "failed", "final_heldout", "best_heldout",
                  "final_vs_fixed_large", "wall_s", "total_flops", "growth_flops_share", "n_growths", "final_d_k"]
 CURVE_COLUMNS = ["panel", "variant", "step", "tokens", "flops", "wall_s", "heldout", "lo", "hi", "seeds"]
@@ -94,14 +98,17 @@ def latest_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def prepare(runs: pd.DataFrame) -> pd.DataFrame:
-    """:func:`latest_runs` of ``runs`` with ``variant``, ``panel`` (dataset, plus sizes where a dataset has
-    several) and ``growth_flops_share`` columns; rows sorted by panel, variant and seed."""
+    """:func:`latest_runs` of ``runs`` with ``variant``, ``panel`` (dataset, plus sizes or schedule where a dataset
+    has several) and ``growth_flops_share`` columns; rows sorted by panel, variant and seed."""
     runs = runs.reindex(columns=list(dict.fromkeys([*runs.columns, *config_fields(), *RUN_COLUMNS])))
     runs = latest_runs(runs)
     runs["variant"] = variant_names(runs) if len(runs) else pd.Series(dtype=str)
     runs["panel"] = runs.dataset.astype(str)
     for ds, same in runs.groupby("dataset", sort=False):
         differ = [f for f in SETUP_FIELDS if same[f].astype(str).nunique() > 1]
+        # A variant may change the schedule (the bottleneck trigger, two heads), but one variant at two schedules
+        # is two designs (the real model grown in four growths or in one).
+        differ += [f for f in SCHEDULE_FIELDS if same.groupby("variant")[f].nunique(dropna=False).max() > 1]
         if differ:
             labels = [", ".join(f"{f}={v}" for f, v in zip(differ, vals, strict=True))
                       for vals in same[differ].itertuples(index=False)]

@@ -14,6 +14,7 @@ against zero, paired over seeds, at every evaluation).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -24,6 +25,8 @@ from harness.recommend import Paired
 from harness.report.train_runs import (
     BASELINES,
     COMPARISONS,
+    SCHEDULE_FIELDS,
+    SETUP_FIELDS,
     growth_steps,
     median_curves,
     prepare,
@@ -67,11 +70,16 @@ class Verdict:
     parts: list[str] = field(default_factory=list)
 
 
-def _paired_finals(runs: pd.DataFrame, panel: str, a: str, b: str) -> pd.DataFrame:
-    """Per seed both ran successfully: ``a``'s and ``b``'s final held-out loss (columns ``a``, ``b``)."""
-    ok = runs[(runs.panel == panel) & (runs.status == "ok")]
-    x = ok[ok.variant == a].groupby("seed").final_heldout.median()
-    y = ok[ok.variant == b].groupby("seed").final_heldout.median()
+def _finals(runs: pd.DataFrame, panel: str, variant: str) -> pd.Series:
+    """``variant``'s final held-out loss in ``panel`` per seed (successful runs only)."""
+    ok = runs[(runs.panel == panel) & (runs.status == "ok") & (runs.variant == variant)]
+    return ok.groupby("seed").final_heldout.median()
+
+
+def _paired_finals(runs: pd.DataFrame, panel: str, a: str, b: str, panel_b: str | None = None) -> pd.DataFrame:
+    """Per seed both ran successfully: ``a``'s final held-out loss in ``panel`` and ``b``'s in ``panel_b``
+    (default the same panel), as columns ``a``, ``b``."""
+    x, y = _finals(runs, panel, a), _finals(runs, panel_b or panel, b)
     return pd.concat([x.rename("a"), y.rename("b")], axis=1, join="inner")
 
 
@@ -95,7 +103,7 @@ def noise_word(change: Paired) -> str:
     return "beyond seed noise" if change.low > 0 or change.high < 0 else "within seed noise"
 
 
-def _change_text(change: Paired) -> str:
+def change_text(change: Paired) -> str:
     """``+1.2% [+0.3%, +2.1%], beyond seed noise`` (or ``within seed noise``; no interval from one seed)."""
     if change.n < 2:
         return f"{100 * change.mean:+.3g}% (one seed: no noise estimate)"
@@ -171,7 +179,7 @@ def _target_b(runs: pd.DataFrame, table: pd.DataFrame, panel: str, default: pd.S
         both = _paired_finals(runs, panel, "default", v)
         wins, n, change = int((both.a <= both.b).sum()), len(both), _change(both)
         parts.append(f"{v} {four_digits(r.final_heldout)} (default no higher on {wins} of {plural(n, 'seed')}; "
-                     f"default against it {_change_text(change)})")
+                     f"default against it {change_text(change)})")
         numbers[f"{v}_final"] = r.final_heldout
         numbers[f"{v}_change"] = change
         if wins < n:
@@ -255,7 +263,7 @@ def _advantage_text(along: list[tuple[int, Paired]], growths: list[int], baselin
     by_step = dict(along)
     return (f"Where each growth's advantage goes (default against {baseline}, paired change of the held-out loss at "
             f"the first evaluation after each growth and at the end; + = the default is higher): "
-            + "; ".join(f"{label} (step {s}): {_change_text(by_step[s])}" for s, label in sorted(picked.items()))
+            + "; ".join(f"{label} (step {s}): {change_text(by_step[s])}" for s, label in sorted(picked.items()))
             + ".")
 
 
@@ -292,6 +300,62 @@ def verdicts(runs: pd.DataFrame, table: pd.DataFrame | None = None, curves: pd.D
     table = training_table(runs) if table is None else table
     medians = median_curves(runs, curves) if curves is not None else None
     return [panel_verdict(runs, table, p, medians, curves) for p in sorted(runs.panel.unique())]
+
+
+@dataclass
+class ScheduleComparison:
+    """Default growth on one schedule against the growing methods on another, for a dataset run on both.
+
+    ``changes`` maps each method of the other schedule to the default's paired change against it
+    (``default here / method there − 1``, + = the default here ends higher).
+    """
+
+    dataset: str
+    schedule: str
+    other: str
+    changes: dict[str, Paired]
+    wins: dict[str, tuple[int, int]]
+    flops: tuple[float, float]
+
+    @property
+    def text(self) -> str:
+        """The comparison in one sentence."""
+        against = "; ".join(f"against {m} there {change_text(c)} (no higher on {self.wins[m][0]} of "
+                            f"{plural(self.wins[m][1], 'seed')})" for m, c in self.changes.items())
+        return (f"Default growth with {self.schedule} against the growing methods with {self.other} (final held-out "
+                f"loss, paired by seed; + = higher with {self.schedule}): {against}. Median total FLOPs "
+                f"{self.flops[0]:.3g} against the default's {self.flops[1]:.3g}.")
+
+
+def schedule_comparisons(runs: pd.DataFrame) -> list[ScheduleComparison]:
+    """For each dataset run on two growth schedules with the same sizes and settings (panels that differ only in
+    :data:`~harness.report.train_runs.SCHEDULE_FIELDS`), default growth on the schedule where it ends lower
+    against default, random and zero on the other: whether the schedule, rather than the step, decides the final
+    loss."""
+    if runs.empty:
+        return []
+    if "panel" not in runs:
+        runs = prepare(runs)
+    out = []
+    growers = runs[runs.variant == "default"]
+    for dataset, same in growers.groupby("dataset", sort=True):
+        setups = same.groupby("panel")[list(SETUP_FIELDS)].first().astype(str)
+        for pair in itertools.combinations(sorted(same.panel.unique()), 2):
+            if not setups.loc[pair[0]].equals(setups.loc[pair[1]]):
+                continue
+            # The schedule on which the default ends lower (median over seeds) is the one compared.
+            here, there = sorted(pair, key=lambda pnl: _finals(runs, pnl, "default").median())
+            label = {pnl: ", ".join(f"{f}={same[same.panel == pnl][f].iloc[0]}" for f in SCHEDULE_FIELDS
+                                    if same.groupby("panel")[f].first().nunique() > 1) for pnl in (here, there)}
+            changes, wins = {}, {}
+            for method in ("default", "random", "zero"):
+                both = _paired_finals(runs, here, "default", method, there)
+                if len(both):
+                    changes[method], wins[method] = _change(both), (int((both.a <= both.b).sum()), len(both))
+            if changes:
+                flops = tuple(float(same[same.panel == pnl].total_flops.median()) for pnl in (here, there))
+                out.append(ScheduleComparison(str(dataset), label[here], label[there], changes, wins, flops))
+    return out
 
 
 def overall_text(judged: list[Verdict]) -> str:

@@ -18,7 +18,7 @@ from harness.report.figures.base import FigureResult, not_drawn
 from harness.report.figures.training import training_curves, training_variants
 from harness.report.sections import Bullet, Bullets, Facts, Link, Paragraph, Section, Span, Table, figure_section
 from harness.report.train_runs import failed_training_runs, prepare, training_table
-from harness.report.train_verdict import Verdict, overall_text, verdicts
+from harness.report.train_verdict import ScheduleComparison, Verdict, overall_text, schedule_comparisons, verdicts
 from harness.report.wording import distinct, finished_range
 from harness.runner.train_sweep import train_presets
 from harness.train import config_fields
@@ -50,6 +50,7 @@ class TrainingSection:
     failed: pd.DataFrame
     facts: dict
     notes: list[str] = field(default_factory=list)
+    schedules: list[ScheduleComparison] = field(default_factory=list)
 
 
 def training_facts(runs: pd.DataFrame, superseded: int = 0) -> dict:
@@ -70,18 +71,16 @@ def training_facts(runs: pd.DataFrame, superseded: int = 0) -> dict:
 
 
 def infer_train_preset(runs: pd.DataFrame) -> list[str] | None:
-    """The ``growbench train`` presets (one, or two run into the same database) whose configurations are exactly
-    the database's, if any."""
+    """The fewest ``growbench train`` presets, run into the same database, whose configurations together are
+    exactly the database's, if any."""
     try:
         have = {tuple(r) for r in runs[config_fields()].astype(str).itertuples(index=False)}
         sets = {name: {tuple(str(v) for v in c.as_dict().values()) for c in configs}
                 for name, configs in train_presets().items()}
-        for name, configs in sets.items():
-            if have == configs:
-                return [name]
-        for (a, first), (b, second) in itertools.combinations(sets.items(), 2):
-            if have == first | second:
-                return [a, b]
+        for k in range(1, len(sets) + 1):
+            for combination in itertools.combinations(sets.items(), k):
+                if have == set().union(*(configs for _, configs in combination)):
+                    return [name for name, _ in combination]
     except Exception:  # noqa: BLE001 - only a convenience for the report's first lines
         return None
     return None
@@ -114,7 +113,8 @@ def build_training(runs: pd.DataFrame, curves: pd.DataFrame, *, figures: bool = 
             traceback.print_exc(file=sys.stderr)
             drawn.append(not_drawn(make.__name__, e))
     return TrainingSection(runs=runs, table=table, verdicts=verdicts(runs, table, curves), figures=drawn,
-                           failed=failed_training_runs(runs), facts=training_facts(runs, stored - len(runs)))
+                           failed=failed_training_runs(runs), facts=training_facts(runs, stored - len(runs)),
+                           schedules=schedule_comparisons(runs))
 
 
 def training_link() -> Link:
@@ -131,7 +131,9 @@ def training_sections(section: TrainingSection) -> list[Section]:
                                  ": see ", Link("failed training runs", FAILED_ANCHOR, FAILED_TITLE), ".",
                                  style="note"))
     verdict = [Paragraph.of(overall_text(section.verdicts)),
-               Bullets([Bullet((Span(v.dataset, "strong"),), tuple(v.parts)) for v in section.verdicts])]
+               Bullets([*(Bullet((Span(v.dataset, "strong"),), tuple(v.parts)) for v in section.verdicts),
+                        *(Bullet((Span(f"{c.dataset}, two schedules", "strong"),), (c.text,))
+                          for c in section.schedules)])]
     table = [Paragraph.of("Also in ", Span("training_summary.csv", "file"), ". ", Span("final / fixed-large", "code"),
                           ": median final held-out loss over fixed-large's; growth FLOPs share: growth FLOPs / total "
                           "FLOPs (median over runs); the comparison column names the groups a variant belongs to."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -36,6 +37,8 @@ from harness.report.wording import four_digits, plural
 # The references of the variants figure: the design every variant changes one setting of, and the target size.
 REFERENCE_STYLES = {"default": dict(color=BLACK, ls="--", lw=2.2),
                     "fixed-large": dict(color="#666666", ls="-.", lw=2.2)}
+# Characters per line of a panel's title (a half-width axis at the figure's font size).
+PANEL_TITLE_WIDTH = 40
 # The most variants one panel of the variants figure shows (the references aside): more are not told apart.
 MAX_SERIES = 5
 # The methods' families: default growth alone, the baselines together, the fixed sizes together.
@@ -146,8 +149,10 @@ def _scale_axes(ax_flops, ax_steps, curves: pd.DataFrame, shown: pd.DataFrame, p
     _flops_axis(ax_flops, curves)
     ax_steps.set_xlabel("optimiser step")
     _tokens_axis(ax_steps, curves)
-    ax_flops.set_title(f"{plain_text(panel)}: against compute")
-    ax_steps.set_title(f"{plain_text(panel)}: against steps")
+    # A panel named by its dataset and schedule is too long for one line above a half-width axis.
+    name = "\n".join(textwrap.wrap(plain_text(panel), PANEL_TITLE_WIDTH, break_long_words=False))
+    ax_flops.set_title(f"{name}: against compute")
+    ax_steps.set_title(f"{name}: against steps")
 
 
 def _tokens_axis(ax_steps, curves: pd.DataFrame) -> None:
