@@ -323,8 +323,8 @@ class ScheduleComparison:
         against = "; ".join(f"against {m} there {change_text(c)} (no higher on {self.wins[m][0]} of "
                             f"{plural(self.wins[m][1], 'seed')})" for m, c in self.changes.items())
         return (f"Default growth with {self.schedule} against the growing methods with {self.other} (final held-out "
-                f"loss, paired by seed; + = higher with {self.schedule}): {against}. Median total FLOPs "
-                f"{self.flops[0]:.3g} against the default's {self.flops[1]:.3g}.")
+                f"loss, paired by seed; + = higher with {self.schedule}): {against}. The default's median total FLOPs: "
+                f"{self.flops[0]:.3g} with {self.schedule}, {self.flops[1]:.3g} with {self.other}.")
 
 
 def schedule_comparisons(runs: pd.DataFrame) -> list[ScheduleComparison]:
