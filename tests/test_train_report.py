@@ -253,10 +253,10 @@ def test_advice_keeps_fixed_large_out_where_growth_ends_below_it(section):
     table = section.table.copy()
     late = Verdict("teacher", matches_fixed_large=False, beats_baselines=True, text="",
                    numbers={"flops_ratio": 0.76, "loss_ratio": 0.99})
-    section = SimpleNamespace(verdicts=[late], table=table, schedules=[])
-    assert not [x for x in _training_exceptions(section) if "full width" in x]
+    judged = SimpleNamespace(verdicts=[late], table=table, schedules=[])
+    assert not [x for x in _training_exceptions(judged) if "full width" in x]
     table.loc[(table.dataset == "teacher") & (table.variant == "fixed-large"), "final_heldout"] = 0.5
-    (line,) = _training_exceptions(section)
+    (line,) = _training_exceptions(judged)
     assert line == ("when the full width is affordable from the start on teacher: fixed-large; default growth "
                     "reaches its final held-out loss at ×0.76 of its FLOPs (target: reach it at ×0.7 of its FLOPs).")
 
@@ -535,6 +535,6 @@ def test_two_schedules_compare_the_default_on_the_better_one_with_the_growers_on
     (line,) = _training_exceptions(section)
     assert line.startswith(f"when growing during training on teacher: grow with {c.schedule} rather than {c.other}")
     assert "beyond seed noise" in line and "×0.67 its FLOPs" in line
-    tight = c.changes["default"]
-    c.changes["default"] = type(tight)(tight.mean, tight.low, 0.01, tight.n)
+    measured = c.changes["default"]
+    c.changes["default"] = type(measured)(measured.mean, measured.low, 0.01, measured.n)  # now spans 0
     assert _training_exceptions(section) == []
