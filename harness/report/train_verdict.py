@@ -84,15 +84,10 @@ def _paired_finals(runs: pd.DataFrame, panel: str, a: str, b: str, panel_b: str 
 
 
 def _change(both: pd.DataFrame) -> Paired:
-    """Column ``a`` relative to ``b`` (``a / b − 1``), its mean over the rows and 95 % t interval."""
+    """Column ``a`` relative to ``b`` (``a / b − 1``, + = ``a`` ends higher), its mean over the rows and the 95 % t
+    interval of that mean (:class:`harness.recommend.Paired`): whether a difference between two methods is beyond
+    seed-to-seed noise."""
     return Paired.of((both.a / both.b - 1).to_numpy())
-
-
-def paired_change(runs: pd.DataFrame, panel: str, a: str, b: str) -> Paired:
-    """``a``'s final held-out loss relative to ``b``'s (``a / b − 1``, + = ``a`` ends higher), its mean over the
-    seeds both ran and the 95 % t interval of that mean (:class:`harness.recommend.Paired`): whether a
-    difference between two methods is beyond seed-to-seed noise."""
-    return _change(_paired_finals(runs, panel, a, b))
 
 
 def noise_word(change: Paired) -> str:
@@ -339,21 +334,23 @@ def schedule_comparisons(runs: pd.DataFrame) -> list[ScheduleComparison]:
     out = []
     growers = runs[runs.variant == "default"]
     for dataset, same in growers.groupby("dataset", sort=True):
-        setups = same.groupby("panel")[list(SETUP_FIELDS)].first().astype(str)
+        per_panel = same.groupby("panel")
+        setups = per_panel[list(SETUP_FIELDS)].first().astype(str)
+        schedules = per_panel[list(SCHEDULE_FIELDS)].first()
+        differ = [f for f in SCHEDULE_FIELDS if schedules[f].nunique() > 1]
+        label = {pnl: ", ".join(f"{f}={row[f]}" for f in differ) for pnl, row in schedules.iterrows()}
         for pair in itertools.combinations(sorted(same.panel.unique()), 2):
             if not setups.loc[pair[0]].equals(setups.loc[pair[1]]):
                 continue
             # The schedule on which the default ends lower (median over seeds) is the one compared.
             here, there = sorted(pair, key=lambda pnl: _finals(runs, pnl, "default").median())
-            label = {pnl: ", ".join(f"{f}={same[same.panel == pnl][f].iloc[0]}" for f in SCHEDULE_FIELDS
-                                    if same.groupby("panel")[f].first().nunique() > 1) for pnl in (here, there)}
             changes, wins = {}, {}
             for method in ("default", "random", "zero"):
                 both = _paired_finals(runs, here, "default", method, there)
                 if len(both):
                     changes[method], wins[method] = _change(both), (int((both.a <= both.b).sum()), len(both))
             if changes:
-                flops = tuple(float(same[same.panel == pnl].total_flops.median()) for pnl in (here, there))
+                flops = tuple(float(per_panel.total_flops.median()[pnl]) for pnl in (here, there))
                 out.append(ScheduleComparison(str(dataset), label[here], label[there], changes, wins, flops))
     return out
 
