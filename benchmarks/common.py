@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 
 try:  # Preloaded: with asv's forkserver (asv.conf.json) every benchmark process starts with them imported.
     import torch  # noqa: F401
 
-    import strategies  # noqa: F401
+    from growbench import strategies  # noqa: F401
 except Exception:  # noqa: BLE001 - a commit without them: ``require`` skips in setup
     pass
 
@@ -79,6 +80,16 @@ def strict() -> bool:
     return False
 
 
+def _import(module: str):
+    """``growbench.<module>``, or at the commits before the package name (top-level ``strategies``, ...)
+    the bare ``module``."""
+    try:
+        renamed = importlib.util.find_spec(f"growbench.{module.partition('.')[0]}") is not None
+    except ImportError:  # no growbench package at all
+        renamed = False
+    return importlib.import_module(f"growbench.{module}" if renamed else module)
+
+
 def require(module: str, *attrs: str):
     """Import ``module`` (and check ``attrs`` exist on it), else skip the benchmark.
 
@@ -86,7 +97,7 @@ def require(module: str, *attrs: str):
     under test lacks it, unless :func:`strict`.
     """
     try:
-        mod = importlib.import_module(module)
+        mod = _import(module)
         for a in attrs:
             getattr(mod, a)
     except (ImportError, AttributeError) as e:

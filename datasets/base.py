@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from models.block import GrowableAttention
+from growbench.models.block import GrowableAttention
 
 SPLITS = ("train", "test")
 

@@ -57,8 +57,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.pretrained_head import PretrainedHead, best_rank_factors, head_factors
-from models.pretrained_heads import PretrainedHeads
+from growbench.models.pretrained_head import PretrainedHead, best_rank_factors, head_factors
+from growbench.models.pretrained_heads import PretrainedHeads
 
 from .base import Dataset
 from .text import TRAIN_FRACTION, corpus

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.block import GrowableAttention
+from growbench.models.block import GrowableAttention
 
 from .base import Dataset, GrowthModel
 

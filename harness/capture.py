@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-import strategies
+from growbench import strategies
 
 
 class BatchCapture(NamedTuple):

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-import strategies
-from harness.env import DEFAULT_THREADS
-from harness.measure import HELDOUT_BATCHES
-from harness.plugins import load_plugins
-from harness.recommend import TOLERANCE as RULE_TOLERANCE
-from harness.runner.sweep import DEFAULT_CACHE, DEFAULT_DB
-from harness.validate import MAX_WORKERS, SQLITE_INT_MAX, ConfigError
+from growbench import strategies
+from growbench.harness.env import DEFAULT_THREADS
+from growbench.harness.measure import HELDOUT_BATCHES
+from growbench.harness.plugins import load_plugins
+from growbench.harness.recommend import TOLERANCE as RULE_TOLERANCE
+from growbench.harness.runner.sweep import DEFAULT_CACHE, DEFAULT_DB
+from growbench.harness.validate import MAX_WORKERS, SQLITE_INT_MAX, ConfigError
 
 # The option that sets each configuration field a ConfigError can name, per command (the rest are
 # "--" + field with dashes). Training sizes come from the preset only.
@@ -95,7 +95,7 @@ def _float_at_least(minimum: float, strict: bool = False) -> Callable[[str], flo
 
 def _regime_key(text: str) -> str:
     """An argparse type for a regime key (``cpu/medium``); the message lists the valid ones."""
-    from strategies.regimes import Regime
+    from growbench.strategies.regimes import Regime
 
     try:
         return Regime.parse(text.strip().lower()).key
@@ -109,17 +109,17 @@ def _option(command: str, field: str) -> str:
 
 
 def _datasets() -> dict[str, str]:
-    from datasets import DATASETS
+    from growbench.datasets.registry import DATASETS
 
     return {name: cls.description for name, cls in DATASETS.items()}
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from harness.runner.sweep import sweep_presets
+    from growbench.harness.runner.sweep import sweep_presets
 
     sweeps = {name: [{k: v for k, v in g.items() if k != "strategies"} | {"n_strategies": len(g["strategies"])}
                      for g in grids] for name, grids in sweep_presets().items()}
-    from harness.runner.train_sweep import train_presets
+    from growbench.harness.runner.train_sweep import train_presets
 
     data = {"presets": strategies.presets(), "strategies": strategies.specs(), "datasets": _datasets(),
             "sweep_presets": sweeps,
@@ -146,13 +146,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _iter_configs(preset: str):
-    from harness.runner.sweep import expand, sweep_presets
+    from growbench.harness.runner.sweep import expand, sweep_presets
 
     return expand(sweep_presets()[preset])
 
 
 def _grids(args: argparse.Namespace) -> list[dict]:
-    from harness.runner.sweep import DATASET_NAMES, sweep_presets
+    from growbench.harness.runner.sweep import DATASET_NAMES, sweep_presets
 
     presets = sweep_presets()
     if args.preset:
@@ -172,10 +172,10 @@ def _grids(args: argparse.Namespace) -> list[dict]:
 def _cmd_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from harness.runner.pool import check_run_timeout
-    from harness.runner.sweep import expand, preset_summary, run_sweep, summary
-    from harness.store.results import ResultsDB
-    from harness.validate import check_runs
+    from growbench.harness.runner.pool import check_run_timeout
+    from growbench.harness.runner.sweep import expand, preset_summary, run_sweep, summary
+    from growbench.harness.store.results import ResultsDB
+    from growbench.harness.validate import check_runs
 
     configs, skipping = _without_missing_extra(expand(_grids(args)), "run",
                                                by_name=bool(args.datasets) or not args.preset)
@@ -202,7 +202,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(table) else "no results")
     n_failed = int((frame.status != "ok").sum()) if len(frame) else 0
     if n_failed:
-        from harness.recommend import first_error
+        from growbench.harness.recommend import first_error
 
         first = frame[frame.status != "ok"].iloc[0]
         print(f"{n_failed} failed runs recorded (first: {first.strategy} on {first.dataset}: "
@@ -217,7 +217,7 @@ def _without_missing_extra(configs: list, command: str, *, by_name: bool) -> tup
     asked for by name (``by_name``), or with nothing else left, they are refused. The caller prints the lines
     once every other check has passed, so that a refusal stays one line.
     """
-    from harness.validate import runnable_here
+    from growbench.harness.validate import runnable_here
 
     runnable, missing = runnable_here(configs)
     if missing and (by_name or not runnable):
@@ -227,8 +227,8 @@ def _without_missing_extra(configs: list, command: str, *, by_name: bool) -> tup
 
 def _mixing_note(configs: list, db_path: str) -> None:
     """Warn, in one line, when the database holds runs of other configurations: the report would count them."""
-    from harness.runner.sweep import presets_holding, runs_outside
-    from harness.store.results import ResultsDB
+    from growbench.harness.runner.sweep import presets_holding, runs_outside
+    from growbench.harness.store.results import ResultsDB
 
     with ResultsDB(db_path) as db:
         other = runs_outside(db.frame(), configs)
@@ -242,7 +242,7 @@ def _mixing_note(configs: list, db_path: str) -> None:
 
 def _warmup_note(configs: list) -> None:
     """Say on stderr, in one line, what long warm-ups will cost before the sweep starts them."""
-    from harness.validate import WARMUP_NOTE_STEPS, warmup_seconds
+    from growbench.harness.validate import WARMUP_NOTE_STEPS, warmup_seconds
 
     steps = max((c.warmup_steps for c in configs), default=0)
     if steps > WARMUP_NOTE_STEPS:
@@ -260,8 +260,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     journal files), a FIFO, a device or a folder. CSV cells that a spreadsheet would run as formulas are
     written as text; parquet gets columns of mixed types (text in a numeric column) as text.
     """
-    from harness.files import check_output_file, write_frame
-    from harness.store.results import read_runs
+    from growbench.harness.files import check_output_file, write_frame
+    from growbench.harness.store.results import read_runs
 
     if not Path(args.db).exists():
         raise ValueError(f"no results database at {args.db}: run 'growbench run' first")
@@ -277,10 +277,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_example(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from harness.env import torch_threads
-    from harness.example import run_example
-    from harness.files import check_output_file, replace_file
-    from harness.validate import check_example
+    from growbench.harness.env import torch_threads
+    from growbench.harness.example import run_example
+    from growbench.harness.files import check_output_file, replace_file
+    from growbench.harness.validate import check_example
 
     if args.json:
         check_output_file(args.json, "--json")
@@ -308,8 +308,8 @@ def _cmd_example(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from harness.report.build import build_report
-    from harness.store.dbfile import check_output_dir
+    from growbench.harness.report.build import build_report
+    from growbench.harness.store.dbfile import check_output_dir
 
     check_output_dir(args.out)  # before any work: an existing file or a read-only folder is refused in one line
     done = build_report(args.db, args.out, svg=not args.no_svg, device=args.device)
@@ -321,7 +321,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
-    from harness.recommend import format_regimes, load_frame, recommend, recommend_regimes, write_default
+    from growbench.harness.recommend import format_regimes, load_frame, recommend, recommend_regimes, write_default
 
     frame = load_frame(args.db)
     if args.device:
@@ -332,7 +332,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         recs = recommend_regimes(frame, tolerance=args.tolerance, time_metric=args.time)
     print(format_regimes(recs))
     if args.write:
-        from harness.recommend import CLOSEST
+        from growbench.harness.recommend import CLOSEST
 
         missing = [k for k, r in recs.items() if r.spec is None]
         # A regime where growth does not generalise has an answer (its statement); one where strategies generalise
@@ -354,10 +354,10 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from harness.runner.train_sweep import run_train_sweep, train_presets, train_summary
-    from harness.store.training import TrainDB
-    from harness.train import FIXED_METHODS
-    from harness.validate import check_device, check_train_configs, dataset_class
+    from growbench.harness.runner.train_sweep import run_train_sweep, train_presets, train_summary
+    from growbench.harness.store.training import TrainDB
+    from growbench.harness.train import FIXED_METHODS
+    from growbench.harness.validate import check_device, check_train_configs, dataset_class
 
     presets = train_presets()
     if args.preset not in presets:
@@ -405,10 +405,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_targets(args: argparse.Namespace) -> int:
     import torch
 
-    from harness.env import device_name, torch_threads
-    from harness.files import check_output_file, replace_file
-    from harness.targets import run_targets
-    from harness.validate import check_device
+    from growbench.harness.env import device_name, torch_threads
+    from growbench.harness.files import check_output_file, replace_file
+    from growbench.harness.targets import run_targets
+    from growbench.harness.validate import check_device
 
     check_device(args.device)
     if args.out:

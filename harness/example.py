@@ -11,10 +11,10 @@ import statistics as stats_mod
 import pandas as pd
 import torch
 
-import strategies
-from datasets.teacher import reference_problem
-from harness.validate import check_example
-from strategies import metrics
+from growbench import strategies
+from growbench.datasets.teacher import reference_problem
+from growbench.harness.validate import check_example
+from growbench.strategies import metrics
 
 
 def run_example(

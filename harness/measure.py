@@ -22,16 +22,16 @@ from statistics import median
 import numpy as np
 import torch
 
-import strategies
-import strategies.cg
-from datasets import Dataset, GrowthModel, make_dataset, trained_model
-from harness.capture import BatchCapture, capture, statistics_over
-from harness.env import KeyedConfig, recorded, require_device
-from harness.memory import peak_memory
-from harness.reference import load_reference, reference_key, reference_path, save_reference
-from harness.validate import check_run_config
-from strategies import metrics
-from strategies.timing import timed
+import growbench.strategies.cg  # noqa: F401  (strategies.cg below)
+from growbench import strategies
+from growbench.datasets.registry import Dataset, GrowthModel, make_dataset, trained_model
+from growbench.harness.capture import BatchCapture, capture, statistics_over
+from growbench.harness.env import KeyedConfig, recorded, require_device
+from growbench.harness.memory import peak_memory
+from growbench.harness.reference import load_reference, reference_key, reference_path, save_reference
+from growbench.harness.validate import check_run_config
+from growbench.strategies import metrics
+from growbench.strategies.timing import timed
 
 # Batches for statistics are drawn far from the warm-up's indices (0..warmup_steps-1).
 STATS_INDEX_OFFSET = 1_000_000

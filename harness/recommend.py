@@ -66,13 +66,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-import strategies
-from harness.files import replace_file
-from harness.store.dbfile import DatabaseFileError
-from harness.store.results import read_runs
-from harness.store.schema import RUNS
-from strategies.regimes import Regime, all_regimes
-from strategies.spec import REFERENCE_REGIME, check_default_choice
+from growbench import strategies
+from growbench.harness.files import replace_file
+from growbench.harness.store.dbfile import DatabaseFileError
+from growbench.harness.store.results import read_runs
+from growbench.harness.store.schema import RUNS
+from growbench.strategies.regimes import Regime, all_regimes
+from growbench.strategies.spec import REFERENCE_REGIME, check_default_choice
 
 #: How far below the best's mean held-out gain a strategy may be, as a share of it, and still be within
 #: (rule step 4): a strategy within keeps at least 80 % of the best's gain, beyond noise.

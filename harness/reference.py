@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from datasets.cache import CacheDamaged, CacheWarning, digest, read_record, save_record
-from strategies import metrics
-from strategies.cg import CGInfo
+from growbench.datasets.cache import CacheDamaged, CacheWarning, digest, read_record, save_record
+from growbench.strategies import metrics
+from growbench.strategies.cg import CGInfo
 
 #: Largest ``|⟨G, ΠG⟩ − ‖ΠG‖²|`` accepted, as a share of ``‖G‖ ‖ΠG‖`` (module docstring, check 4).
 ORTHOGONALITY_RTOL = 1e-4

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pandas as pd
 import torch
 
-import strategies
-from harness.measure import RunConfig, measure, site_of, step_quality
-from harness.runner.sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET, run_spec
-from strategies.timing import synchronize
+from growbench import strategies
+from growbench.harness.measure import RunConfig, measure, site_of, step_quality
+from growbench.harness.runner.sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET, run_spec
+from growbench.strategies.timing import synchronize
 
 #: The least path efficiency the scale targets ask of the default at every width (issue 10).
 PATH_EFFICIENCY_FLOOR = 0.95

@@ -41,13 +41,13 @@ from typing import TypeVar
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import strategies
-from datasets import DATASETS, make_dataset, parse_dataset
-from harness.capture import BatchCapture, capture_heads, head_captures, statistics_over
-from harness.env import KeyedConfig, require_device
-from harness.optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
-from strategies import metrics
-from strategies.timing import synchronize
+from growbench import strategies
+from growbench.datasets.registry import DATASETS, make_dataset, parse_dataset
+from growbench.harness.capture import BatchCapture, capture_heads, head_captures, statistics_over
+from growbench.harness.env import KeyedConfig, require_device
+from growbench.harness.optim_state import OPT_STATE_POLICIES, align_to_old, replace_parameter
+from growbench.strategies import metrics
+from growbench.strategies.timing import synchronize
 
 FIXED_METHODS = ("fixed-small", "fixed-large")
 TRIGGERS = ("schedule", "bottleneck")

@@ -211,7 +211,7 @@ def dataset_class(spec: Any) -> tuple[type, dict[str, str]]:
         Field ``dataset``: not a string, a malformed option, an unknown name (the message
         lists the valid ones) or an unknown option name.
     """
-    from datasets import DATASETS, parse_dataset
+    from growbench.datasets.registry import DATASETS, parse_dataset
 
     if not isinstance(spec, str):
         raise ConfigError("dataset", f"dataset must be a string, got {spec!r}")
@@ -231,7 +231,7 @@ def dataset_class(spec: Any) -> tuple[type, dict[str, str]]:
 
 def is_pretrained(spec: str) -> bool:
     """Whether ``spec`` names a dataset of a real pretrained model (fixed sizes, costly to build)."""
-    from datasets import PRETRAINED_DATASETS, parse_dataset
+    from growbench.datasets.registry import PRETRAINED_DATASETS, parse_dataset
 
     return parse_dataset(spec)[0] in PRETRAINED_DATASETS
 
@@ -244,8 +244,8 @@ def missing_extra(spec: str) -> str | None:
     """
     if not is_pretrained(spec):
         return None
-    from datasets import parse_dataset
-    from datasets.minilm import EXTRA_HINT, weights_available
+    from growbench.datasets.minilm import EXTRA_HINT, weights_available
+    from growbench.datasets.registry import parse_dataset
 
     name, options = parse_dataset(spec)
     if importlib.util.find_spec("transformers") is None:
@@ -283,7 +283,7 @@ def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int 
     """
     cls, options = dataset_class(spec)
     if is_pretrained(spec):
-        from datasets.minilm import EXTRA_HINT, check_sizes, weights_available
+        from growbench.datasets.minilm import EXTRA_HINT, check_sizes, weights_available
 
         error = _pretrained_options_error(spec)
         if error:
@@ -303,7 +303,7 @@ def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int 
 @functools.cache
 def _pretrained_options_error(spec: str) -> str:
     """The error message of a pretrained dataset's options (a corpus file is read once per sweep), or ``""``."""
-    from datasets.minilm import check_options
+    from growbench.datasets.minilm import check_options
 
     cls, options = dataset_class(spec)
     try:
@@ -316,7 +316,7 @@ def _pretrained_options_error(spec: str) -> str:
 @functools.cache
 def _probe(spec: str, d_e: int, d_s: int) -> str:
     """The error message of building ``spec`` at these sizes, or ``""`` when it builds."""
-    from datasets import make_dataset
+    from growbench.datasets.registry import make_dataset
 
     try:
         make_dataset(spec, d_e, d_s, 0)
@@ -406,8 +406,8 @@ def check_run_config(cfg) -> None:
     ConfigError
         The first problem, with the field at fault.
     """
-    import strategies
-    from models.block import SCALE_POLICIES
+    from growbench import strategies
+    from growbench.models.block import SCALE_POLICIES
 
     if not isinstance(cfg.strategy, str):
         raise ConfigError("strategy", f"strategy must be a string, got {cfg.strategy!r}")
@@ -538,8 +538,8 @@ def _check_real_training(c) -> None:
     ------
     ConfigError
     """
-    from datasets import parse_dataset
-    from datasets.minilm import NARROW, check_options
+    from growbench.datasets.minilm import NARROW, check_options
+    from growbench.datasets.registry import parse_dataset
 
     name, options = parse_dataset(c.dataset)
     try:
@@ -558,8 +558,8 @@ def _grown_heads(c) -> int:
     """Heads a training run grows: ``n_heads``, or on the real model the heads its option ``narrow`` picks."""
     if not is_pretrained(c.dataset):
         return c.n_heads
-    from datasets import parse_dataset
-    from datasets.minilm import site_count
+    from growbench.datasets.minilm import site_count
+    from growbench.datasets.registry import parse_dataset
 
     return site_count(parse_dataset(c.dataset)[1])
 

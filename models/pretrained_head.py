@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from models.block import Captured, CaptureSwitch, check_new_factors
+from growbench.models.block import Captured, CaptureSwitch, check_new_factors
 
 
 def head_factors(attention: nn.Module, head: int) -> tuple[Tensor, Tensor, float]:

@@ -30,8 +30,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from models.block import Captured, CaptureSwitch, check_new_factors
-from models.pretrained_head import KeptScale, PretrainedHead
+from growbench.models.block import Captured, CaptureSwitch, check_new_factors
+from growbench.models.pretrained_head import KeptScale, PretrainedHead
 
 
 class HeadFactors(nn.Module):

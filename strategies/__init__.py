@@ -2,7 +2,7 @@
 
 Public API::
 
-    import strategies
+    from growbench import strategies
     strategies.presets()                       # {name: spec}
     strategies.specs()                         # every spec of the full grid
     s = strategies.make("gram/solve/rsvd+metric/fast:newton")   # or a preset name, or a Spec

@@ -83,4 +83,4 @@ def outside_modules() -> list[str]:
         a script's main module by that name).
     """
     mods = {cls.__module__ for table in REGISTRY.values() for cls in table.values()}
-    return sorted(m for m in mods if m.split(".")[0] != __package__ and m != "__main__")
+    return sorted(m for m in mods if m != __package__ and not m.startswith(f"{__package__}.") and m != "__main__")

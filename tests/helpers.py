@@ -11,15 +11,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The command line of ``growbench`` in this interpreter, whatever its PATH.
+GROWBENCH = (sys.executable, "-m", "growbench.harness.cli")
 
 
 def kill_cli_after_rows(args: list[str], db: Path, table: str, n: int, timeout: float = 180.0) -> int:
-    """Run ``python -m harness.cli *args``, SIGKILL it once ``table`` of ``db`` has ``n`` rows; return the count seen.
+    """Run ``growbench *args``, SIGKILL it once ``table`` of ``db`` has ``n`` rows; return the count seen.
 
     The count is read just before the kill, so more rows may have landed in between.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], env=env, cwd=ROOT,
+    proc = subprocess.Popen([*GROWBENCH, *args], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen = 0
     deadline = time.time() + timeout

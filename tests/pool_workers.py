@@ -9,8 +9,8 @@ import os
 import signal
 import time
 
-from harness.env import recorded
-from harness.measure import RunConfig
+from growbench.harness.env import recorded
+from growbench.harness.measure import RunConfig
 
 #: What the run of a seed does instead of returning: die by a signal (a segfault, the out-of-memory killer)
 #: or never end.

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import DT, anisotropic_X, factors, gen, rel_err
 
-import strategies
+from growbench import strategies
 
 B, D_S, D_E, D_K, P = 4, 8, 6, 2, 2
 C = 1 / math.sqrt(D_K)

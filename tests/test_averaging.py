@@ -18,7 +18,7 @@ from conftest import (
     repeated_tokens_X,
 )
 
-import strategies
+from growbench import strategies
 
 RTOL_PINV = 1e-10  # cutoff of the numpy references: far above rounding, far below any real singular value
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import DT, anisotropic_X, causal, factors, random_G
 
-import strategies
-from strategies import metrics
+from growbench import strategies
+from growbench.strategies import metrics
 
 B, D_S, D_E, D_K = 2, 5, 4, 1
 
@@ -199,7 +199,7 @@ def test_singular_gram_under_solve_is_handled_and_recorded(spec):
 
 
 def test_finite_check_passes_a_finite_tensor_whose_sum_overflows() -> None:
-    from strategies._checks import check_finite
+    from growbench.strategies._checks import check_finite
 
     big = torch.full((4,), 3e38)  # finite, but its float32 sum is inf
     check_finite("X", big)

@@ -29,14 +29,14 @@ import pandas as pd
 import pytest
 from test_report import row, write_db
 
-import strategies
-import strategies.spec as reg
-from harness.cli import main as cli_main
-from harness.files import csv_text, replace_file, replace_with
-from harness.report.build import build_report
-from harness.report.output import MANIFEST
-from harness.report.render import ENVIRONMENT, render_html, render_markdown
-from harness.report.sections import Paragraph, Report, Section, Span
+import growbench.strategies.spec as reg
+from growbench import strategies
+from growbench.harness.cli import main as cli_main
+from growbench.harness.files import csv_text, replace_file, replace_with
+from growbench.harness.report.build import build_report
+from growbench.harness.report.output import MANIFEST
+from growbench.harness.report.render import ENVIRONMENT, render_html, render_markdown
+from growbench.harness.report.sections import Paragraph, Report, Section, Span
 
 DEFAULT = strategies.default_spec()
 SCRIPT = "<script>alert(1)</script>"

@@ -24,20 +24,20 @@ import pandas as pd
 import pytest
 import torch
 from conftest import anisotropic_X, causal, random_G
-from helpers import ROOT
+from helpers import GROWBENCH, ROOT
 from test_cache_integrity import patch_bytes, tensor_offset
 from test_db_schema import COMMANDS, TINY, digest, growbench_db, one_line_naming, sql
 
-import datasets
-import harness.measure as measure
-from datasets.cache import CacheWarning
-from datasets.cache import digest as record_digest
-from harness.cli import main as cli_main
-from harness.reference import load_reference, reference_key, reference_path
-from harness.store.dbfile import APPLICATION_ID, SCHEMA_VERSION, DatabaseFileError
-from harness.store.results import ResultsDB, read_runs
-from harness.store.training import TrainDB, load
-from harness.validate import (
+import growbench.datasets.registry as datasets
+import growbench.harness.measure as measure
+from growbench.datasets.cache import CacheWarning
+from growbench.datasets.cache import digest as record_digest
+from growbench.harness.cli import main as cli_main
+from growbench.harness.reference import load_reference, reference_key, reference_path
+from growbench.harness.store.dbfile import APPLICATION_ID, SCHEMA_VERSION, DatabaseFileError
+from growbench.harness.store.results import ResultsDB, read_runs
+from growbench.harness.store.training import TrainDB, load
+from growbench.harness.validate import (
     COST_LIMITS,
     MAX_TRAIN_SEED,
     SQLITE_INT_MAX,
@@ -46,7 +46,7 @@ from harness.validate import (
     check_int,
     warmup_seconds,
 )
-from strategies import metrics
+from growbench.strategies import metrics
 
 
 def refused_untouched(capsys, tmp_path: Path, db: Path, argv: list[str], ours: bool = False) -> str:
@@ -241,7 +241,7 @@ def test_absurd_cost_is_refused_in_one_line(tmp_path, capsys, option):
 
 
 def test_long_warm_up_shows_its_estimated_cost_before_starting(tmp_path, capsys, monkeypatch):
-    import harness.runner.sweep as sweep
+    import growbench.harness.runner.sweep as sweep
 
     started = []
     monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: started.append(capsys.readouterr().err) or pd.DataFrame())
@@ -253,7 +253,7 @@ def test_long_warm_up_shows_its_estimated_cost_before_starting(tmp_path, capsys,
 
 
 def test_warm_up_estimate_grows_with_steps_and_sizes_and_counts_shared_warm_ups_once():
-    from harness.measure import RunConfig
+    from growbench.harness.measure import RunConfig
 
     def cfg(**kw):
         return RunConfig(**{**dict(strategy="default", dataset="teacher", d_s=16, d_e=32, b=8, d_k=2, p=2,
@@ -271,7 +271,7 @@ def test_plugin_calling_sys_exit_0_makes_run_fail_with_status_2(tmp_path):
     (tmp_path / "quitter_plugin.py").write_text("import sys\nsys.exit(0)\n")
     env = {**os.environ, "GROWBENCH_PLUGINS": "quitter_plugin", "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     db = tmp_path / "r.sqlite"
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", *TINY, "--db", str(db)], cwd=tmp_path, env=env,
+    out = subprocess.run([*GROWBENCH, "run", *TINY, "--db", str(db)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out
     assert out.stderr.count("\n") == 1 and "quitter_plugin" in out.stderr and "Traceback" not in out.stderr
@@ -338,7 +338,7 @@ def _flip_bit(path: Path, PiG: torch.Tensor) -> None:
 
 def _rewrite(path: Path, blob: dict, PiG: torch.Tensor, *, checksum: bool) -> None:
     """Put ``PiG`` in the record, with a recomputed checksum (a forgery) or the old one (a plain edit)."""
-    from harness.reference import _info_note
+    from growbench.harness.reference import _info_note
 
     new = {**blob, "tensors": {"PiG": PiG}}
     if checksum:
@@ -397,7 +397,7 @@ def test_every_solve_passes_the_orthogonality_check(tmp_path):
         ref = metrics.projection(G, X, mask)
         key = reference_key(G, X, mask)
         path = reference_path(tmp_path, key)
-        from harness.reference import save_reference
+        from growbench.harness.reference import save_reference
 
         save_reference(path, key, ref)
         with warnings.catch_warnings():
@@ -489,10 +489,9 @@ def test_a_successful_run_without_its_configuration_is_refused_naming_the_column
     import shutil
     import sqlite3
     import subprocess
-    import sys
 
     db = tmp_path / "r.sqlite"
-    assert subprocess.run([sys.executable, "-m", "harness.cli", "run", "--strategies", "zero", "--datasets", "digits",
+    assert subprocess.run([*GROWBENCH, "run", "--strategies", "zero", "--datasets", "digits",
                            "--d-s", "4", "--d-e", "8", "--b", "8", "--d-k", "2", "--p", "2", "--repeats", "1",
                            "--n-batches", "1", "--warmup-steps", "3", "--db", str(db), "--cache-dir",
                            str(tmp_path / "c"), "--no-progress"], capture_output=True).returncode == 0
@@ -502,7 +501,7 @@ def test_a_successful_run_without_its_configuration_is_refused_naming_the_column
     kept = tmp_path / "kept.sqlite"
     shutil.copy(db, kept)
     for command in ("recommend", "report"):
-        done = subprocess.run([sys.executable, "-m", "harness.cli", command, "--db", str(db),
+        done = subprocess.run([*GROWBENCH, command, "--db", str(db),
                                *(["--out", str(tmp_path / "rep")] if command == "report" else [])],
                               capture_output=True, text=True)
         assert done.returncode == 2, done.stderr

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from models.block import Captured, GrowableAttention
+from growbench.models.block import Captured, GrowableAttention
 
 DT = torch.float64
 

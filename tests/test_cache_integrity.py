@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import datasets
-from datasets import cache as cache_mod
-from datasets.cache import CacheWarning
+import growbench.datasets.registry as datasets
+from growbench.datasets import cache as cache_mod
+from growbench.datasets.cache import CacheWarning
 
 SETTINGS = dict(warmup_steps=20, batch_size=8, lr=1e-2)
 D_K = 2

@@ -10,18 +10,17 @@ from __future__ import annotations
 import math
 import re
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import torch
-from helpers import ROOT
+from helpers import GROWBENCH, ROOT
 
-from harness import validate
-from harness.cli import build_parser
-from harness.cli import main as cli_main
-from harness.measure import RunConfig
-from harness.validate import ConfigError
+from growbench.harness import validate
+from growbench.harness.cli import build_parser
+from growbench.harness.cli import main as cli_main
+from growbench.harness.measure import RunConfig
+from growbench.harness.validate import ConfigError
 
 TINY = ["--strategies", "formula2", "--datasets", "teacher", "--d-s", "8", "--d-e", "8", "--b", "4", "--d-k", "2",
         "--p", "2", "--warmup-steps", "2", "--repeats", "1", "--n-batches", "1", "--no-progress"]
@@ -106,11 +105,11 @@ def test_run_refuses_cuda_when_absent(capsys, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("weights", [True, False])
 def test_a_preset_with_cuda_runs_is_refused_when_no_run_can_run_here(capsys, tmp_path, monkeypatch, weights):
-    import datasets.minilm
+    from growbench.datasets import minilm
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     # Without the real extra the MiniLM runs are left out, but only once the rest passed: still one line.
-    monkeypatch.setattr(datasets.minilm, "weights_available", lambda: weights)
+    monkeypatch.setattr(minilm, "weights_available", lambda: weights)
     refused(capsys, tmp_path, ["run", "--preset", "gpu", "--no-progress"], "--devices")
 
 
@@ -120,7 +119,7 @@ def test_the_limit_itself_is_accepted_and_the_run_written(tmp_path, capsys):
     assert cli_main(["run", *TINY, "--d-k", "6", "--p", "2", "--db", str(db),
                      "--cache-dir", str(tmp_path / "c")]) == 0
     capsys.readouterr()
-    from harness.store.results import ResultsDB
+    from growbench.harness.store.results import ResultsDB
 
     with ResultsDB(db) as d:
         frame = d.frame()
@@ -161,7 +160,7 @@ def test_train_refuses_cuda_when_absent(capsys, tmp_path, monkeypatch):
 def test_train_nosuch_dataset_subprocess_exits_2_with_a_message(tmp_path):
     """The issue's exact command, as a user runs it (not in-process)."""
     db = tmp_path / "t.sqlite"
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "train", "--preset", "smoke", "--datasets", "nosuch",
+    proc = subprocess.run([*GROWBENCH, "train", "--preset", "smoke", "--datasets", "nosuch",
                            "--db", str(db)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -171,7 +170,7 @@ def test_train_nosuch_dataset_subprocess_exits_2_with_a_message(tmp_path):
 
 def test_train_accepts_resume_which_its_interrupt_message_names(tmp_path, capsys, monkeypatch):
     """The interrupt hint of ``train`` names only options ``train`` accepts."""
-    import harness.runner.train_sweep as ts
+    import growbench.harness.runner.train_sweep as ts
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -236,7 +235,7 @@ def test_run_config_refuses_what_cannot_run():
 
 
 def test_pretrained_sizes_are_checked_without_loading_the_model(monkeypatch):
-    import datasets.minilm as minilm
+    import growbench.datasets.minilm as minilm
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model must not be loaded to check sizes")
@@ -257,7 +256,7 @@ def test_pretrained_sizes_are_checked_without_loading_the_model(monkeypatch):
 
 
 def test_sweep_api_refuses_before_any_work(tmp_path):
-    from harness.runner.sweep import expand, run_sweep
+    from growbench.harness.runner.sweep import expand, run_sweep
 
     grid = dict(strategies=["formula2"], datasets=["teacher"], d_s=[8], d_e=[8], b=[4], d_k=[2], p=[2], seeds=[0],
                 devices=["cpu"], n_batches=1, repeats=1, warmup_steps=2)
@@ -287,8 +286,8 @@ def test_sweep_api_skips_absent_cuda_runs_of_a_mixed_grid_but_refuses_them_when_
 
 
 def test_train_api_refuses_before_any_work(tmp_path):
-    from harness.runner.train_sweep import run_train_sweep
-    from harness.train import TrainConfig
+    from growbench.harness.runner.train_sweep import run_train_sweep
+    from growbench.harness.train import TrainConfig
 
     tiny = dict(d_s=8, d_e=8, b=8, d_k0=2, d_k_max=4, p=2, grow_every=10, steps=20, eval_every=10)
     db = tmp_path / "t.sqlite"
@@ -317,7 +316,7 @@ def test_memory_estimate_grows_with_every_size_and_the_limit_is_honoured():
 
 
 def test_recommend_api_refuses_a_bad_tolerance():
-    from harness.recommend import recommend
+    from growbench.harness.recommend import recommend
 
     frame = pd.DataFrame({"status": ["ok"]})
     for bad in (-0.1, math.nan, math.inf, "0.1", True):
@@ -328,7 +327,7 @@ def test_recommend_api_refuses_a_bad_tolerance():
 # ------------------------------------------------------------------ small defects
 def test_a_closed_pipe_ends_quietly():
     """``growbench list --json | head``: the reader goes away; no BrokenPipeError traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "list", "--json"], cwd=ROOT,
+    proc = subprocess.Popen([*GROWBENCH, "list", "--json"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # before the child writes a byte: every write hits a pipe without a reader
     err = proc.stderr.read().decode()
@@ -346,13 +345,13 @@ def test_help_texts_name_no_issue_numbers(command, capsys):
 
 
 def test_plural_wording():
-    from harness.report.wording import plural
+    from growbench.harness.report.wording import plural
 
     assert plural(1, "seed") == "1 seed" and plural(3, "seed") == "3 seeds" and plural(0, "point") == "0 points"
 
 
 def test_runners_up_say_why_a_rank_is_missing():
-    from harness.recommend import Recommendation, format_text, rank_note
+    from growbench.harness.recommend import Recommendation, format_text, rank_note
 
     table = pd.DataFrame({"strategy": ["a/fast", "b/chosen", "c/slow"], "preset": ["", "", ""],
                           "time_ms": [1.0, 2.0, 3.0], "x_floor": [1.0, 2.0, 3.0], "eligible": [False, True, True],

@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-import datasets
-from datasets import (
+import growbench.datasets.registry as datasets
+from growbench.datasets import cache as cache_mod
+from growbench.datasets import digits as digits_mod
+from growbench.datasets import teacher as teacher_mod
+from growbench.datasets.base import sinusoidal_encoding
+from growbench.datasets.digits import patchify
+from growbench.datasets.registry import (
     DATASETS,
     PRETRAINED_DATASETS,
     DigitsDataset,
@@ -20,10 +25,6 @@ from datasets import (
     TextDataset,
     make_dataset,
 )
-from datasets import cache as cache_mod
-from datasets import teacher as teacher_mod
-from datasets.base import sinusoidal_encoding
-from datasets.digits import patchify
 
 # Small configurations so that the whole file stays fast.
 CONFIGS = {
@@ -361,7 +362,7 @@ def test_digits_split_is_disjoint_and_batches_cycle() -> None:
     train, test = set(ds.split_ids("train").tolist()), set(ds.split_ids("test").tolist())
     assert not train & test and len(train) + len(test) == 1797 and len(test) == round(0.2 * 1797)
     # No image (by pixel content) in both splits.
-    images = datasets.digits._digits()[0].reshape(1797, -1)
+    images = digits_mod._digits()[0].reshape(1797, -1)
     train_px = {tuple(r) for r in images[sorted(train)].tolist()}
     assert not any(tuple(r) in train_px for r in images[sorted(test)].tolist())
     # Consecutive train batches cover every train image exactly once per epoch.
@@ -376,7 +377,7 @@ def test_digits_patches_rebuild_the_image(d_s: int, ps: int) -> None:
     ds = make_dataset("digits", 8, d_s)
     inputs, labels = ds.batch(3, "train", 0)
     assert inputs.shape == (3, d_s, ps * ps) and inputs.min() >= 0 and inputs.max() <= 1
-    images, all_labels = datasets.digits._digits()
+    images, all_labels = digits_mod._digits()
     ids = ds.image_ids(3, "train", 0)
     assert torch.equal(labels, all_labels[ids])
     g = 8 // ps

@@ -23,15 +23,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import strategies
-from harness.cli import main as cli_main
-from harness.measure import RunConfig
-from harness.recommend import first_error, recommend
-from harness.store.dbfile import APPLICATION_ID, SCHEMA_VERSION, DatabaseFileError
-from harness.store.results import ResultsDB
-from harness.store.schema import COLUMNS, CONFIG_COLUMNS, TABLES, TRAIN_CONFIG_COLUMNS
-from harness.store.training import TrainDB, load
-from harness.train import TrainConfig
+from growbench import strategies
+from growbench.harness.cli import main as cli_main
+from growbench.harness.measure import RunConfig
+from growbench.harness.recommend import first_error, recommend
+from growbench.harness.store.dbfile import APPLICATION_ID, SCHEMA_VERSION, DatabaseFileError
+from growbench.harness.store.results import ResultsDB
+from growbench.harness.store.schema import COLUMNS, CONFIG_COLUMNS, TABLES, TRAIN_CONFIG_COLUMNS
+from growbench.harness.store.training import TrainDB, load
+from growbench.harness.train import TrainConfig
 
 # The smallest run the CLI accepts that still measures a real growth (about 3 s on 2 cores).
 TINY = ["--strategies", "formula2", "--datasets", "teacher", "--d-s", "8", "--d-e", "8", "--b", "4", "--d-k", "2",

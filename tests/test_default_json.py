@@ -17,10 +17,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import strategies
-import strategies.spec as reg
-from harness import recommend as R
-from harness.cli import main as cli_main
+import growbench.strategies.spec as reg
+from growbench import strategies
+from growbench.harness import recommend as R
+from growbench.harness.cli import main as cli_main
 
 BUILTIN = "gram/solve/rsvd+metric/normal:bracket"
 

@@ -21,8 +21,8 @@ import pytest
 import torch
 from conftest import anisotropic_X, factors, gen
 
-import strategies
-from strategies._checks import check_mask
+from growbench import strategies
+from growbench.strategies._checks import check_mask
 
 B, D_S, D_E, D_K, P = 4, 8, 6, 2, 2
 C = 1 / math.sqrt(D_K)

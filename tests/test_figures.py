@@ -15,21 +15,21 @@ import collections
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import GROWBENCH
 from matplotlib.colors import to_hex
 from matplotlib.text import Text
 from test_report import fixture_rows, row, write_db
 from test_train_report import FINALS, train_row, write_train_db
 
-import strategies
-from harness import recommend as R
-from harness.report.advice import (
+from growbench import strategies
+from growbench.harness import recommend as R
+from growbench.harness.report.advice import (
     NEGLIGIBLE_PATH,
     SEARCH_AXES,
     SEARCH_PATH_FLOOR,
@@ -37,18 +37,18 @@ from harness.report.advice import (
     _change,
     advice_section,
 )
-from harness.report.build import SWEEP_FIGURES
-from harness.report.figures.ablation import ablation_pairs
-from harness.report.figures.base import FigureResult
-from harness.report.figures.formula import formula_convergence
-from harness.report.figures.pareto import pareto
-from harness.report.figures.timing import breakdown
-from harness.report.figures.training import MAX_SERIES, training_curves, training_variants
-from harness.report.names import short_label
-from harness.report.render import render_html, render_markdown
-from harness.report.sections import Report, figure_section
-from harness.report.train_runs import load_training
-from harness.report.wording import duration
+from growbench.harness.report.build import SWEEP_FIGURES
+from growbench.harness.report.figures.ablation import ablation_pairs
+from growbench.harness.report.figures.base import FigureResult
+from growbench.harness.report.figures.formula import formula_convergence
+from growbench.harness.report.figures.pareto import pareto
+from growbench.harness.report.figures.timing import breakdown
+from growbench.harness.report.figures.training import MAX_SERIES, training_curves, training_variants
+from growbench.harness.report.names import short_label
+from growbench.harness.report.render import render_html, render_markdown
+from growbench.harness.report.sections import Report, figure_section
+from growbench.harness.report.train_runs import load_training
+from growbench.harness.report.wording import duration
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The committed reference's runs (results/ is the user's, not committed).
@@ -86,7 +86,7 @@ def cli_report(small, tmp_path_factory) -> tuple[Path, subprocess.CompletedProce
     """``growbench report`` of the small database, run as a user runs it: its folder and what it printed."""
     out = tmp_path_factory.mktemp("cli") / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default"}
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "report", "--db", str(small), "--out", str(out)],
+    done = subprocess.run([*GROWBENCH, "report", "--db", str(small), "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return out, done

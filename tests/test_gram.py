@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import DT, anisotropic_X, gen, np64, rel_err, repeated_tokens_X
 
-import strategies
-from strategies.gram import factor_psd
+from growbench import strategies
+from growbench.strategies.gram import factor_psd
 
 
 def layernorm_with_ones(n: int, d: int, seed: int, dtype=DT, mix: float = 1.0) -> torch.Tensor:

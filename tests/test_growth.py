@@ -26,9 +26,9 @@ from conftest import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import strategies
-from models.block import SCALE_POLICIES, GrowableAttention
-from strategies import metrics
+from growbench import strategies
+from growbench.models.block import SCALE_POLICIES, GrowableAttention
+from growbench.strategies import metrics
 
 PRESETS = strategies.presets()
 BASELINES = ["random", "zero", "gradmax"]

@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 from helpers import kill_cli_after_rows
 
-import strategies
-from harness.cli import main as cli_main
-from harness.env import code_version
-from harness.measure import RunConfig
-from harness.runner.sweep import expand, run_sweep, summary, sweep_presets
-from harness.store.results import ResultsDB
-from harness.store.schema import CONFIG_COLUMNS
+from growbench import strategies
+from growbench.harness.cli import main as cli_main
+from growbench.harness.env import code_version
+from growbench.harness.measure import RunConfig
+from growbench.harness.runner.sweep import expand, run_sweep, summary, sweep_presets
+from growbench.harness.store.results import ResultsDB
+from growbench.harness.store.schema import CONFIG_COLUMNS
 
 QUALITY = ["optimality", "first_order_decrease", "loss_before", "loss_after", "heldout_before", "heldout_after",
            "bottleneck", "lam", "n_loss_evals"]
@@ -53,16 +53,16 @@ def fail_seed(monkeypatch, seed: int) -> None:
     Invalid input no longer makes a failed row (it is refused before any work), so a
     failure is injected into the measurement of in-process workers.
     """
-    import harness.measure
+    from growbench.harness import measure as measure_module
 
-    real = harness.measure.measure
+    real = measure_module.measure
 
     def measure(cfg, cache_dir):
         if cfg.seed == seed:
             raise RuntimeError(f"injected failure of seed {seed}")
         return real(cfg, cache_dir)
 
-    monkeypatch.setattr(harness.measure, "measure", measure)
+    monkeypatch.setattr(measure_module, "measure", measure)
 
 
 def test_failing_configuration_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
@@ -195,7 +195,7 @@ def test_run_config_key_depends_on_config_and_code_version():
 
 
 def test_gpu_preset_is_the_quick_ablation_plus_the_scale_set_on_cuda():
-    from harness.runner.sweep import SCALE_SET, expand, sweep_presets
+    from growbench.harness.runner.sweep import SCALE_SET, expand, sweep_presets
 
     presets = sweep_presets()
     gpu = expand(presets["gpu"])

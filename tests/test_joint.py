@@ -19,7 +19,7 @@ from conftest import (
     rel_err,
 )
 
-import strategies
+from growbench import strategies
 
 
 def joint(**opts):

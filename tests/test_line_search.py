@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import DT, Counted, anisotropic_X, attention_loss, causal, factors, gen, grad_of
 
-import strategies
+from growbench import strategies
 
 
 def quadratic_problem(seed: int, d_k: int, d_e: int = 5, b: int = 3, d_s: int = 7, masked: bool = False):

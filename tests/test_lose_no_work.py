@@ -9,8 +9,8 @@ import time
 
 import pandas as pd
 
-from harness.cli import main as cli_main
-from harness.runner.sweep import expand, presets_holding, runs_outside, sweep_presets
+from growbench.harness.cli import main as cli_main
+from growbench.harness.runner.sweep import expand, presets_holding, runs_outside, sweep_presets
 
 TINY = ["--d-s", "4", "--d-e", "8", "--b", "8", "--d-k", "2", "--p", "2", "--repeats", "1", "--n-batches", "1",
         "--warmup-steps", "3", "--no-progress"]

@@ -20,8 +20,8 @@ from conftest import (
     rel_err,
 )
 
-import strategies
-from strategies import metrics
+from growbench import strategies
+from growbench.strategies import metrics
 
 
 def joint_direction(X, G, mask=None):

@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-import strategies
+from growbench import strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED_REPORTS = ("reports", "reports/cuda")

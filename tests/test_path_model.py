@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from strategies.path_model import LocalModel
+from growbench.strategies.path_model import LocalModel
 
 
 @pytest.mark.parametrize("a, c", [(0.5, 0.0), (0.2, 0.05), (1.0, -0.01)])

@@ -18,16 +18,16 @@ import pytest
 from pool_workers import FATE, run_by_seed
 from test_cli_validation import TINY, refused
 
-import harness.runner.pool as pool
-import harness.runner.sweep as sweep
-from harness.cli import main as cli_main
-from harness.env import code_version
-from harness.runner.cost import DATASET_COST, sweep_cost
-from harness.runner.pool import pending, run_pending
-from harness.runner.sweep import expand, run_sweep
-from harness.store.results import ResultsDB
-from harness.validate import ConfigError
-from strategies.registry import REGISTRY
+import growbench.harness.runner.pool as pool
+import growbench.harness.runner.sweep as sweep
+from growbench.harness.cli import main as cli_main
+from growbench.harness.env import code_version
+from growbench.harness.runner.cost import DATASET_COST, sweep_cost
+from growbench.harness.runner.pool import pending, run_pending
+from growbench.harness.runner.sweep import expand, run_sweep
+from growbench.harness.store.results import ResultsDB
+from growbench.harness.validate import ConfigError
+from growbench.strategies.registry import REGISTRY
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="signals and worker processes as on Linux")
 
@@ -95,8 +95,8 @@ def crash_plugin(tmp_path, monkeypatch):
         import os
         import signal
 
-        import strategies
-        from strategies.averaging import Gram
+        from growbench import strategies
+        from growbench.strategies.averaging import Gram
 
 
         @strategies.register("averaging")

@@ -15,9 +15,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from datasets import make_dataset, minilm  # noqa: E402
-from harness.measure import RunConfig, measure  # noqa: E402
-from models.pretrained_head import best_rank_factors  # noqa: E402
+from growbench.datasets import minilm  # noqa: E402
+from growbench.datasets.registry import make_dataset  # noqa: E402
+from growbench.harness.measure import RunConfig, measure  # noqa: E402
+from growbench.models.pretrained_head import best_rank_factors  # noqa: E402
 
 RANDOM = "source=random"
 
@@ -223,7 +224,7 @@ def test_real_weights_head_recovery_references():
 
 
 def test_a_sweep_without_the_weights_is_refused_before_any_work(monkeypatch, tmp_path, capsys):
-    from harness.cli import main as cli_main
+    from growbench.harness.cli import main as cli_main
 
     monkeypatch.setattr(minilm, "weights_available", lambda: False)
     db = tmp_path / "r.sqlite"
@@ -279,7 +280,7 @@ def test_a_corpus_that_cannot_serve_is_refused_naming_the_file(tmp_path, monkeyp
 
 
 def test_a_sweep_on_a_missing_corpus_is_refused_before_any_work(monkeypatch, tmp_path, capsys):
-    from harness.cli import main as cli_main
+    from growbench.harness.cli import main as cli_main
 
     db = tmp_path / "r.sqlite"
     args = ["run", "--strategies", "default", "--datasets", f"minilm-recovery:{RANDOM}:corpus={tmp_path / 'none.txt'}",

@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+from helpers import GROWBENCH
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SIGKILL and re-parenting as on Linux")
 
@@ -25,7 +26,7 @@ def stored_rows(db) -> int:
 
 
 def test_workers_exit_when_the_sweep_is_killed(tmp_path):
-    args = [sys.executable, "-m", "harness.cli", "run", "--strategies", "formula1,formula2,formula3,formula4",
+    args = [*GROWBENCH, "run", "--strategies", "formula1,formula2,formula3,formula4",
             "--datasets", "teacher", "--d-s", "16,32", "--d-e", "16,24,32", "--b", "64", "--d-k", "2", "--p", "2",
             "--seeds", "0,1,2,3", "--warmup-steps", "20", "--repeats", "3", "--jobs", "2",
             "--db", str(tmp_path / "r.sqlite"), "--cache-dir", str(tmp_path / "c"), "--no-progress"]

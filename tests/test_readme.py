@@ -29,9 +29,9 @@ README = (ROOT / "README.md").read_text()
 def test_the_readme_counts_are_the_codes():
     """Every count the README states about the code is the code's own: specs, the smoke sweep's runs, the seeds of
     the quick sweep and of the real training."""
-    import strategies
-    from harness.runner.sweep import PRETRAINED_SEEDS, RULE_SEEDS, expand, sweep_presets
-    from harness.runner.train_sweep import train_presets
+    from growbench import strategies
+    from growbench.harness.runner.sweep import PRETRAINED_SEEDS, RULE_SEEDS, expand, sweep_presets
+    from growbench.harness.runner.train_sweep import train_presets
 
     assert int(re.search(r"all (\d+) specs", README).group(1)) == len(strategies.specs())
     assert int(re.search(r"--preset smoke +# (\d+) runs", README).group(1)) == len(expand(sweep_presets()["smoke"]))

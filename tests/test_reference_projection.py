@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import anisotropic_X, causal, kron_normal, kron_projection, random_G, rel_err
 
-from strategies import metrics
+from growbench.strategies import metrics
 
 DT = torch.float64
 

@@ -19,12 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-import strategies
-import strategies.spec as reg
-from harness import recommend as R
-from harness.cli import main as cli_main
-from harness.runner.sweep import ABLATION_CENTRE, expand, one_axis_variants, run_spec, sweep_presets
-from strategies.regimes import Regime, all_regimes, device_kind, nearest
+import growbench.strategies.spec as reg
+from growbench import strategies
+from growbench.harness import recommend as R
+from growbench.harness.cli import main as cli_main
+from growbench.harness.runner.sweep import ABLATION_CENTRE, expand, one_axis_variants, run_spec, sweep_presets
+from growbench.strategies.regimes import Regime, all_regimes, device_kind, nearest
 from tests.test_report import row, write_db
 
 SMALL, MEDIUM, LARGE = ("gram/solve/full+metric/normal:newton", "gram/solve/rsvd+metric/normal:bracket",

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import anisotropic_X, attention_loss, factors, grad_of
+from helpers import GROWBENCH
 
-import strategies
-from strategies.registry import REGISTRY, outside_modules
+from growbench import strategies
+from growbench.strategies.registry import REGISTRY, outside_modules
 
 PLUGIN = "growbench_test_plugin"
 SPEC = "scaled-gram/solve/full/normal:newton"
@@ -29,8 +30,8 @@ SPEC = "scaled-gram/solve/full/normal:newton"
 # A new averaging formula: Gram's direction times a constant. The step normalises P by
 # ‖X P Xᵀ‖, so its growth must equal Gram's: a property the test can check exactly.
 PLUGIN_SOURCE = textwrap.dedent('''
-    import strategies
-    from strategies.averaging import Gram
+    from growbench import strategies
+    from growbench.strategies.averaging import Gram
 
 
     @strategies.register("averaging")
@@ -78,7 +79,7 @@ def test_outside_component_grows_like_the_formula_it_rescales(plugin):
 
 
 def test_register_refuses_a_taken_name_and_a_name_a_spec_cannot_hold(plugin):
-    from strategies.averaging import Gram
+    from growbench.strategies.averaging import Gram
 
     with pytest.raises(ValueError, match="already registered"):
         strategies.register("averaging", "gram")(type("Other", (Gram,), {}))
@@ -92,7 +93,7 @@ def test_register_refuses_a_taken_name_and_a_name_a_spec_cannot_hold(plugin):
 def _cli(args: list[str], plugin_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "GROWBENCH_PLUGINS": PLUGIN, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([*GROWBENCH, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -111,7 +112,7 @@ def test_cli_lists_and_runs_an_outside_component_in_worker_processes(plugin, tmp
 
 def test_an_unimportable_plugin_is_one_line_and_exit_2(tmp_path):
     env = {**os.environ, "GROWBENCH_PLUGINS": "no_such_growbench_plugin"}
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "list"], cwd=tmp_path, env=env, capture_output=True,
+    out = subprocess.run([*GROWBENCH, "list"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "no_such_growbench_plugin" in out.stderr

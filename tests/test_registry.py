@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import strategies
+from growbench import strategies
 
 SEED_SETTING = {
     "formula1": "per-sample/pinv/full/normal:grid",

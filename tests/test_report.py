@@ -13,17 +13,17 @@ import pandas as pd
 import pytest
 from matplotlib.colors import rgb_to_hsv, to_rgb
 
-import strategies
-from harness import recommend as R
-from harness.cli import main as cli_main
-from harness.report.build import build_report
-from harness.report.figures.base import log_axis
-from harness.report.figures.palette import dataset_colors
-from harness.report.figures.pareto import pareto
-from harness.report.output import MANIFEST
-from harness.report.render import render_html, render_markdown
-from harness.report.sections import Bullet, Bullets, Link, Paragraph, Report, Section, Span, Table
-from harness.store.results import ResultsDB
+from growbench import strategies
+from growbench.harness import recommend as R
+from growbench.harness.cli import main as cli_main
+from growbench.harness.report.build import build_report
+from growbench.harness.report.figures.base import log_axis
+from growbench.harness.report.figures.palette import dataset_colors
+from growbench.harness.report.figures.pareto import pareto
+from growbench.harness.report.output import MANIFEST
+from growbench.harness.report.render import render_html, render_markdown
+from growbench.harness.report.sections import Bullet, Bullets, Link, Paragraph, Report, Section, Span, Table
+from growbench.harness.store.results import ResultsDB
 
 FIGURES = ("pareto", "generalisation", "tokens", "ablation", "breakdown", "scaling", "formula_gap", "lambda", "devices")
 DEFAULT = strategies.default_spec()  # the fixture follows whatever default.json says
@@ -411,7 +411,7 @@ def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
     entry = data["regimes"]["cpu/small"]
     assert list(entry)[0] == "spec" and entry["spec"] == SECOND and list(data["regimes"]) == ["cpu/small"]
     assert {"rule", "db", "generated"} <= set(data) and entry["evidence"]["A"]["within"]
-    import strategies.spec as reg
+    import growbench.strategies.spec as reg
 
     monkeypatch.setattr(reg, "DEFAULT_FILE", str(target))  # an absolute path: joinpath yields it
     assert strategies.default_spec() == SECOND and strategies.make("default").resolve("cpu", 8).spec == SECOND
@@ -419,7 +419,7 @@ def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------------------ a real (tiny) sweep
 def test_report_of_a_tiny_real_sweep(tmp_path):
-    from harness.runner.sweep import expand, run_sweep
+    from growbench.harness.runner.sweep import expand, run_sweep
 
     grid = dict(strategies=["formula1", "formula2", "default", "gram/solve/full+metric/normal:newton", "zero"],
                 datasets=["teacher", "text"], d_s=[8], d_e=[8], b=[8], d_k=[2], p=[2], seeds=[0], devices=["cpu"],
@@ -445,7 +445,7 @@ def test_report_of_a_tiny_real_sweep(tmp_path):
 
 
 def test_a_change_that_matters_on_one_dataset_is_never_said_not_to_matter():
-    from harness.report.advice import _ablation_statements
+    from growbench.harness.report.advice import _ablation_statements
 
     a, b = "gram/solve/full+metric/normal:bracket", "gram/pinv/full+metric/normal:bracket"
     rows = []

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import strategies
-from harness.measure import RunConfig, run_one
-from harness.runner.sweep import ABLATION_CENTRE
+from growbench import strategies
+from growbench.harness.measure import RunConfig, run_one
+from growbench.harness.runner.sweep import ABLATION_CENTRE
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What a rerun must reproduce: the stated tolerance is well under the rule's (20 % of the best's held-out gain)
@@ -68,7 +68,7 @@ def test_a_step_of_no_size_has_optimality_zero_in_the_reference(committed):
 def test_quick_preset_decides_every_regime_it_measures_and_thorough_holds_it():
     """The main job's sweep keeps the real model's comparison the default at d_e = 384 is chosen from; the
     thorough preset is a superset of it."""
-    from harness.runner.sweep import expand, sweep_presets
+    from growbench.harness.runner.sweep import expand, sweep_presets
 
     presets = sweep_presets()
     quick = set(expand(presets["quick"]))
@@ -85,7 +85,7 @@ def test_a_run_waits_for_the_worker_preparing_its_site(tmp_path):
     import fcntl
     import threading
 
-    from harness.measure import site_lock_path
+    from growbench.harness.measure import site_lock_path
 
     config = RunConfig(strategy="zero", dataset="digits", d_s=4, d_e=8, b=8, d_k=2, p=2, n_batches=1, repeats=1,
                        warmup_steps=3)
@@ -106,7 +106,7 @@ def test_a_run_waits_for_the_worker_preparing_its_site(tmp_path):
 
 
 def test_run_order_keeps_every_run_and_puts_the_costliest_sites_first():
-    from harness.runner.sweep import expand, in_run_order, sweep_presets
+    from growbench.harness.runner.sweep import expand, in_run_order, sweep_presets
 
     configs = expand(sweep_presets()["quick"])
     for jobs in (1, 2, 3):

@@ -14,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("strategies", "models", "datasets", "harness", "benchmarks")
+#: The one import name of the installed code: ``strategies/`` is ``growbench.strategies``, and so on.
+PROJECT = "growbench"
 
 #: Floors, lowest first: a module may import from its own floor or any below, never above.
 #: Inside ``harness`` the wings have floors of their own (the last matching prefix wins).
@@ -43,19 +45,38 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
+def absolute_imports(path: Path) -> list[str]:
+    """Every absolute module name ``path`` imports (``import a.b``, ``from a.b import c``), as written."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append(node.module)
+    return found
+
+
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project's modules ``name`` imports: ``from a import b`` counts ``a.b`` when it is a module, else ``a``."""
+    """The project's modules ``name`` imports: ``from a import b`` counts ``a.b`` when it is a module, else ``a``.
+
+    The project is imported as ``growbench.<folder>``; the graph names modules by folder.
+    """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
+            targets = [alias.name.removeprefix(f"{PROJECT}.") for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join([*anchor, *([node.module] if node.module else [])])
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            elif base == PROJECT:  # from growbench import strategies
+                base = ""
+            else:
+                base = base.removeprefix(f"{PROJECT}.")
+            targets = [f"{base}.{a.name}".lstrip(".") if f"{base}.{a.name}".lstrip(".") in known else base
+                       for a in node.names]
         else:
             continue
         for target in targets:
@@ -127,6 +148,14 @@ def test_no_arrow_goes_up_a_floor():
     assert upward == []
 
 
+def test_the_project_is_imported_by_its_package_name_only():
+    # `import strategies` works from the checkout's root and nowhere else: installed, only growbench exists.
+    sources = [*modules().values(), *(ROOT / "tests").rglob("*.py")]
+    bare = [f"{path.relative_to(ROOT)}: {target}" for path in sources
+            for target in absolute_imports(path) if target.split(".")[0] in PACKAGES[:-1]]
+    assert bare == []
+
+
 def test_strategies_imports_nothing_of_the_project():
     outward = {(a, b) for a, targets in graph().items() if a.startswith("strategies")
                for b in targets if not b.startswith("strategies")}
@@ -144,6 +173,7 @@ def test_the_cycle_finder_finds_a_cycle(pair):
 def test_the_reader_sees_imports_inside_functions():
     edges = graph()
     assert "strategies.spec" in edges["strategies.factory"]
+    assert {"strategies", "datasets.registry"} <= edges["harness.measure"]  # through growbench.<folder>
     assert all(name in edges for name in ("harness.cli", "models.block", "datasets.minilm"))
 
 

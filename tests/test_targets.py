@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.targets import sketch_rows, sketch_verdicts
+from growbench.harness.targets import sketch_rows, sketch_verdicts
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import sqlite3
 import pytest
 import torch
 
-import harness.measure as measure_module
-import harness.runner.train_sweep as train_sweep_module
-from harness.cli import main as cli_main
-from harness.env import DEFAULT_THREADS, recorded, torch_threads
-from harness.runner.sweep import expand, run_sweep
-from harness.train import TrainConfig
+import growbench.harness.measure as measure_module
+import growbench.harness.runner.train_sweep as train_sweep_module
+from growbench.harness.cli import main as cli_main
+from growbench.harness.env import DEFAULT_THREADS, recorded, torch_threads
+from growbench.harness.runner.sweep import expand, run_sweep
+from growbench.harness.train import TrainConfig
 
 TINY = ["--strategies", "formula2", "--datasets", "teacher", "--d-s", "8", "--d-e", "8", "--b", "4", "--d-k", "2",
         "--p", "2", "--warmup-steps", "2", "--repeats", "1", "--n-batches", "1", "--no-progress"]
@@ -92,7 +92,7 @@ def test_each_worker_gets_one_thread_with_jobs(tmp_path):
 
 
 def test_recorded_restores_the_count_even_when_the_run_fails(process_threads):
-    from harness.measure import RunConfig
+    from growbench.harness.measure import RunConfig
 
     def boom():
         assert torch.get_num_threads() == 1
@@ -112,7 +112,7 @@ def test_torch_threads_none_keeps_the_count(process_threads):
 
 
 def test_example_and_targets_accept_threads():
-    from harness.cli import build_parser
+    from growbench.harness.cli import build_parser
 
     parser = build_parser()
     for command in ("run", "train", "targets", "example"):

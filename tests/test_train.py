@@ -10,14 +10,14 @@ import pytest
 import torch
 from helpers import kill_cli_after_rows
 
-import strategies
-from datasets import make_dataset
-from harness.capture import capture
-from harness.env import code_version
-from harness.optim_state import align_to_old, replace_parameter
-from harness.runner.train_sweep import run_train_sweep, train_presets
-from harness.store.training import TrainDB
-from harness.train import (
+from growbench import strategies
+from growbench.datasets.registry import make_dataset
+from growbench.harness.capture import capture
+from growbench.harness.env import code_version
+from growbench.harness.optim_state import align_to_old, replace_parameter
+from growbench.harness.runner.train_sweep import run_train_sweep, train_presets
+from growbench.harness.store.training import TrainDB
+from growbench.harness.train import (
     TrainConfig,
     factor_gradients,
     grow_heads,
@@ -254,17 +254,17 @@ def test_presets_are_valid_and_distinct():
 
 # ------------------------------------------------------------------ database and resume
 def test_sweep_records_failures_and_goes_on(tmp_path, monkeypatch):
-    import harness.runner.train_sweep
+    from growbench.harness.runner import train_sweep
 
     # Invalid input is refused before any work (no row), so a genuine failure of a run is injected.
-    real = harness.runner.train_sweep.train_run
+    real = train_sweep.train_run
 
     def train_run(cfg):
         if cfg.seed == 1:
             raise RuntimeError("injected failure")
         return real(cfg)
 
-    monkeypatch.setattr(harness.runner.train_sweep, "train_run", train_run)
+    monkeypatch.setattr(train_sweep, "train_run", train_run)
     db = str(tmp_path / "t.sqlite")
     good = TrainConfig(method="default", **TINY)
     bad = TrainConfig(method="default", seed=1, **TINY)

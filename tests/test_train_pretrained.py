@@ -16,19 +16,19 @@ import torch
 
 pytest.importorskip("transformers")
 
-import strategies  # noqa: E402
-from datasets import make_dataset  # noqa: E402
-from datasets.minilm import weights_available  # noqa: E402
-from harness.capture import capture_heads  # noqa: E402
-from harness.cli import main as cli_main  # noqa: E402
-from harness.runner.train_sweep import (  # noqa: E402
+from growbench import strategies  # noqa: E402
+from growbench.datasets.minilm import weights_available  # noqa: E402
+from growbench.datasets.registry import make_dataset  # noqa: E402
+from growbench.harness.capture import capture_heads  # noqa: E402
+from growbench.harness.cli import main as cli_main  # noqa: E402
+from growbench.harness.runner.train_sweep import (  # noqa: E402
     COMPARED_METHODS,
     REAL_DISTILL,
     run_train_sweep,
     train_presets,
 )
-from harness.train import TrainConfig, grow_heads, growth_batches, tokens_per_step, train_run  # noqa: E402
-from harness.validate import ConfigError, check_train_configs, runnable_here  # noqa: E402
+from growbench.harness.train import TrainConfig, grow_heads, growth_batches, tokens_per_step, train_run  # noqa: E402
+from growbench.harness.validate import ConfigError, check_train_configs, runnable_here  # noqa: E402
 
 LAYER = "minilm-recovery:narrow=layer:layer=5:source=random"
 ALL = "minilm-recovery:narrow=all:source=random"
@@ -139,7 +139,7 @@ def test_fine_tuning_on_text_pairs_grows_every_head():
 
 
 def test_resume_skips_stored_runs(tmp_path, monkeypatch):
-    import harness.runner.train_sweep as sweep
+    import growbench.harness.runner.train_sweep as sweep
 
     calls = []
     real = sweep.train_run
@@ -189,9 +189,9 @@ def test_cli_refuses_a_bad_layer_in_one_line(tmp_path, capsys):
 
 
 def test_missing_weights_skip_or_refuse_naming_the_extra(tmp_path, capsys, monkeypatch):
-    import datasets.minilm
+    from growbench.datasets import minilm
 
-    monkeypatch.setattr(datasets.minilm, "weights_available", lambda: False)
+    monkeypatch.setattr(minilm, "weights_available", lambda: False)
     full = train_presets()["full"]
     kept, why = runnable_here(full)
     assert kept and all(not c.dataset.startswith("minilm") for c in kept)
@@ -206,11 +206,11 @@ def test_missing_weights_skip_or_refuse_naming_the_extra(tmp_path, capsys, monke
 
 def test_sweep_preset_leaves_out_real_runs_without_the_weights_and_refuses_them_by_name(tmp_path, capsys,
                                                                                         monkeypatch):
-    import datasets.minilm
-    from harness.cli import _without_missing_extra
-    from harness.runner.sweep import expand, sweep_presets
+    from growbench.datasets import minilm
+    from growbench.harness.cli import _without_missing_extra
+    from growbench.harness.runner.sweep import expand, sweep_presets
 
-    monkeypatch.setattr(datasets.minilm, "weights_available", lambda: False)
+    monkeypatch.setattr(minilm, "weights_available", lambda: False)
     gpu = expand(sweep_presets()["gpu"])
     kept, lines = _without_missing_extra(gpu, "run", by_name=False)
     assert kept == [c for c in gpu if not c.dataset.startswith("minilm")] and 0 < len(kept) < len(gpu)

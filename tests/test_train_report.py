@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from harness.cli import main as cli_main
-from harness.report.build import build_report
-from harness.report.train_runs import (
+from growbench.harness.cli import main as cli_main
+from growbench.harness.report.build import build_report
+from growbench.harness.report.train_runs import (
     MAIN_METHODS,
     TABLE_COLUMNS,
     growth_steps,
@@ -22,11 +22,11 @@ from harness.report.train_runs import (
     prepare,
     training_table,
 )
-from harness.report.train_verdict import NEGATIVE, overall_text, verdicts
-from harness.report.training import build_training
-from harness.store.results import ResultsDB
-from harness.store.training import TrainDB
-from harness.train import TrainConfig
+from growbench.harness.report.train_verdict import NEGATIVE, overall_text, verdicts
+from growbench.harness.report.training import build_training
+from growbench.harness.store.results import ResultsDB
+from growbench.harness.store.training import TrainDB
+from growbench.harness.train import TrainConfig
 
 HOSTILE = "<script>alert('t')</script>"
 STEPS, EVERY, GROW = 40, 10, 10
@@ -213,7 +213,7 @@ def test_advantage_along_training_is_the_paired_change_at_each_step(fixture_db, 
     scipy's t interval of the per-seed ratios; the verdict names the first evaluation after each growth."""
     from scipy import stats
 
-    from harness.report.train_verdict import advantage_along
+    from growbench.harness.report.train_verdict import advantage_along
 
     _, curves = load_training(fixture_db)
     runs = prepare(section.runs)
@@ -233,7 +233,7 @@ def test_advantage_along_training_is_the_paired_change_at_each_step(fixture_db, 
 
 
 def test_advice_says_whether_a_baseline_that_ends_lower_does_so_beyond_seed_noise(section):
-    from harness.report.advice import _training_exceptions
+    from growbench.harness.report.advice import _training_exceptions
 
     lines = _training_exceptions(section)
     text = next(x for x in lines if x.startswith("when growing during training on text:"))
@@ -245,8 +245,8 @@ def test_advice_says_whether_a_baseline_that_ends_lower_does_so_beyond_seed_nois
 def test_advice_keeps_fixed_large_out_where_growth_ends_below_it(section):
     """Target (a) missed (fixed-large's final loss reached late) while default growth ends below fixed-large, as on
     the committed text runs: no advice to start at full width."""
-    from harness.report.advice import _training_exceptions
-    from harness.report.train_verdict import Verdict
+    from growbench.harness.report.advice import _training_exceptions
+    from growbench.harness.report.train_verdict import Verdict
 
     table = section.table.copy()
     late = Verdict("teacher", matches_fixed_large=False, beats_baselines=True, text="",
@@ -436,7 +436,7 @@ def test_databases_without_any_successful_run_still_exit_2(tmp_path, capsys):
 
 # ------------------------------------------------------------------ a real (tiny) training sweep
 def test_report_of_a_tiny_real_training_sweep(tmp_path):
-    from harness.runner.train_sweep import run_train_sweep
+    from growbench.harness.runner.train_sweep import run_train_sweep
 
     tiny = dict(dataset="teacher", d_s=8, d_e=8, b=8, d_k0=2, d_k_max=4, p=2, grow_every=10, steps=30,
                 eval_every=10)
@@ -488,9 +488,9 @@ def test_real_model_runs_are_a_panel_with_a_verdict_figures_and_tokens(tmp_path)
 
 
 def test_the_regenerate_command_names_the_fewest_presets_whose_runs_are_the_databases():
-    from harness.report.training import infer_train_preset
-    from harness.runner.train_sweep import train_presets
-    from harness.train import config_fields
+    from growbench.harness.report.training import infer_train_preset
+    from growbench.harness.runner.train_sweep import train_presets
+    from growbench.harness.train import config_fields
 
     def frame(*names: str) -> pd.DataFrame:
         configs = [c for name in names for c in train_presets()[name]]
@@ -506,8 +506,8 @@ def test_the_regenerate_command_names_the_fewest_presets_whose_runs_are_the_data
 def test_two_schedules_compare_the_default_on_the_better_one_with_the_growers_on_the_other():
     from scipy import stats
 
-    from harness.report.advice import _training_exceptions
-    from harness.report.train_verdict import schedule_comparisons
+    from growbench.harness.report.advice import _training_exceptions
+    from growbench.harness.report.train_verdict import schedule_comparisons
 
     once = dict(p=SIZES["d_k_max"] - SIZES["d_k0"], grow_every=1)
     staged_default, once_default, staged_zero = [2.0, 2.2, 2.1], [1.5, 1.7, 1.7], [1.9, 2.3, 2.0]

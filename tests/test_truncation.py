@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import DT, anisotropic_X, covariance, gen, np64, rel_err
 
-import strategies
+from growbench import strategies
 
 FULL = strategies.REGISTRY["truncation"]["full"]
 RSVD = strategies.REGISTRY["truncation"]["rsvd"]

@@ -15,12 +15,12 @@ import pytest
 import torch
 from conftest import DT, anisotropic_X, attention_loss, causal, factors, gen, grad_of, np64, random_G, rel_err, scores
 
-import strategies
-from harness.measure import search_problem
-from strategies.inverse import RIDGE_ALPHAS, Ridge
-from strategies.line_search import NormalSearch, SearchProblem
-from strategies.signal import signal_share
-from strategies.statistics import Statistics
+from growbench import strategies
+from growbench.harness.measure import search_problem
+from growbench.strategies.inverse import RIDGE_ALPHAS, Ridge
+from growbench.strategies.line_search import NormalSearch, SearchProblem
+from growbench.strategies.signal import signal_share
+from growbench.strategies.statistics import Statistics
 
 
 def batches(n: int = 3, b: int = 5, d_s: int = 6, d_e: int = 4, seed: int = 0):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("strategies")
+pytest.importorskip("growbench.strategies")
 
 from micro_common import D_E, D_K, D_S, THREADS, B, anisotropic_inputs  # noqa: E402
 
@@ -33,6 +33,6 @@ def batch():
 def reference():
     """``datasets.teacher.reference_problem`` at the reference size, with one warm-up step (a
     loss evaluation costs the same at any point; the full 20-step warm-up takes ~15 s)."""
-    ref = pytest.importorskip("datasets.teacher")
+    ref = pytest.importorskip("growbench.datasets.teacher")
     torch.set_num_threads(THREADS)
     return ref.reference_problem(b=B, d_s=D_S, d_e=D_E, d_k=D_K, warmup_steps=1)

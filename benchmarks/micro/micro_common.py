@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from datasets import teacher
+from growbench.datasets import teacher
 
 # As the asv suites (benchmarks/common.py): 1 intra-op thread unless GROWBENCH_BENCH_THREADS says otherwise.
 THREADS = int(os.environ.get("GROWBENCH_BENCH_THREADS", "1"))

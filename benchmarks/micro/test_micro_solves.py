@@ -4,7 +4,7 @@ import pytest
 import torch
 from micro_common import D_E, D_S, anisotropic_inputs
 
-from strategies.inverse import Pinv, Solve
+from growbench.strategies.inverse import Pinv, Solve
 
 
 @pytest.fixture(scope="module", params=[64, 256], ids=lambda b: f"b{b}")

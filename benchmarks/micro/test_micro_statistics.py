@@ -4,7 +4,7 @@ import pytest
 import torch
 from micro_common import D_E, D_S, B, anisotropic_inputs
 
-import strategies
+from growbench import strategies
 
 
 @pytest.mark.parametrize("b", [64, B])

@@ -4,8 +4,8 @@ import pytest
 import torch
 from micro_common import COND, anisotropic_inputs
 
-import strategies
-from strategies.truncation import Metric
+from growbench import strategies
+from growbench.strategies.truncation import Metric
 
 
 @pytest.fixture(scope="module", params=[64, 256, 1024], ids=lambda d: f"d{d}")

@@ -11,8 +11,8 @@ import math
 
 import pandas as pd
 
-import strategies
-from harness.recommend import (
+from growbench import strategies
+from growbench.harness.recommend import (
     CLOSEST,
     DOES_NOT_GENERALISE,
     TOLERANCE,
@@ -20,13 +20,19 @@ from harness.recommend import (
     preset_names,
     rule_in_brief,
 )
-from harness.report.figures.ablation import ablation_pairs, ablation_summary
-from harness.report.names import short_label
-from harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
-from harness.report.train_runs import table_row
-from harness.report.train_verdict import FLOPS_TARGET, TARGET_BASELINES, change_text, measured_groups, noise_word
-from harness.report.training import TrainingSection
-from harness.report.wording import duration, four_digits, listing, times
+from growbench.harness.report.figures.ablation import ablation_pairs, ablation_summary
+from growbench.harness.report.names import short_label
+from growbench.harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
+from growbench.harness.report.train_runs import table_row
+from growbench.harness.report.train_verdict import (
+    FLOPS_TARGET,
+    TARGET_BASELINES,
+    change_text,
+    measured_groups,
+    noise_word,
+)
+from growbench.harness.report.training import TrainingSection
+from growbench.harness.report.wording import duration, four_digits, listing, times
 
 TITLE = "Advice"
 # A change "does not matter" to quality when, on every dataset, its median effect over pairs stays within both

@@ -33,20 +33,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.recommend import NoResults, Recommendation, load_frame, primary_regime, recommend_regimes
-from harness.report.advice import advice_section
-from harness.report.figures.ablation import ablation
-from harness.report.figures.base import FigureResult, not_drawn
-from harness.report.figures.formula import formula_convergence
-from harness.report.figures.heldout import generalisation, statistics_tokens
-from harness.report.figures.lambda_curves import loss_along_lambda
-from harness.report.figures.pareto import pareto
-from harness.report.figures.timing import breakdown, devices, scaling
-from harness.report.names import NAMING
-from harness.report.output import FIXED_FILES, ReportFiles, check_report_folder, recommendation_json
-from harness.report.render import render_html, render_markdown
-from harness.report.sections import Paragraph, Report, Section, figure_section
-from harness.report.sweep import (
+from growbench.harness.recommend import NoResults, Recommendation, load_frame, primary_regime, recommend_regimes
+from growbench.harness.report.advice import advice_section
+from growbench.harness.report.figures.ablation import ablation
+from growbench.harness.report.figures.base import FigureResult, not_drawn
+from growbench.harness.report.figures.formula import formula_convergence
+from growbench.harness.report.figures.heldout import generalisation, statistics_tokens
+from growbench.harness.report.figures.lambda_curves import loss_along_lambda
+from growbench.harness.report.figures.pareto import pareto
+from growbench.harness.report.figures.timing import breakdown, devices, scaling
+from growbench.harness.report.names import NAMING
+from growbench.harness.report.output import FIXED_FILES, ReportFiles, check_report_folder, recommendation_json
+from growbench.harness.report.render import render_html, render_markdown
+from growbench.harness.report.sections import Paragraph, Report, Section, figure_section
+from growbench.harness.report.sweep import (
     database_facts,
     database_section,
     failed_runs,
@@ -58,18 +58,18 @@ from harness.report.sweep import (
     timing_reliability,
     what_to_use_section,
 )
-from harness.report.train_runs import has_training, load_training
-from harness.report.training import (
+from growbench.harness.report.train_runs import has_training, load_training
+from growbench.harness.report.training import (
     TITLE as TRAINING_TITLE,
 )
-from harness.report.training import (
+from growbench.harness.report.training import (
     TrainingSection,
     build_training,
     infer_train_preset,
     training_link,
     training_sections,
 )
-from harness.store.dbfile import DatabaseFileError
+from growbench.harness.store.dbfile import DatabaseFileError
 
 # The growth sweep's figures after the Pareto front (which also needs the recommendation), in report order.
 SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], FigureResult], ...] = (

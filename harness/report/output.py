@@ -25,9 +25,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from harness.files import OutputFileError, csv_text, replace_file
-from harness.recommend import Recommendation
-from harness.report.figures.base import FigureResult
+from growbench.harness.files import OutputFileError, csv_text, replace_file
+from growbench.harness.recommend import Recommendation
+from growbench.harness.report.figures.base import FigureResult
 
 MANIFEST = ".growbench-report.json"
 FIGURES = "figures"

@@ -19,10 +19,10 @@ import urllib.parse
 
 import jinja2
 
-from harness.report.sections import Report
+from growbench.harness.report.sections import Report
 
 ENVIRONMENT = jinja2.Environment(
-    loader=jinja2.PackageLoader("harness.report", "templates"),
+    loader=jinja2.PackageLoader("growbench.harness.report", "templates"),
     autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
     trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
 )

@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Literal
 
 import pandas as pd
 
-from harness.report.figures.base import FigureResult
-from harness.report.wording import signed
+from growbench.harness.report.figures.base import FigureResult
+from growbench.harness.report.wording import signed
 
 
 @dataclass(frozen=True)

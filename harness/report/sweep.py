@@ -10,8 +10,8 @@ from dataclasses import fields
 
 import pandas as pd
 
-from harness.measure import RunConfig
-from harness.recommend import (
+from growbench.harness.measure import RunConfig
+from growbench.harness.recommend import (
     CELL_COLUMNS,
     DIAGNOSTICS,
     GENERALISES,
@@ -25,11 +25,11 @@ from harness.recommend import (
     rule_in_brief,
     what_to_use,
 )
-from harness.report.sections import Block, Facts, Link, Paragraph, Section, Span, Table
-from harness.report.wording import distinct, duration, finished_range, first_line
-from harness.runner.sweep import expand, summary, sweep_presets
-from strategies.regimes import Regime, all_regimes
-from strategies.spec import default_specs
+from growbench.harness.report.sections import Block, Facts, Link, Paragraph, Section, Span, Table
+from growbench.harness.report.wording import distinct, duration, finished_range, first_line
+from growbench.harness.runner.sweep import expand, summary, sweep_presets
+from growbench.strategies.regimes import Regime, all_regimes
+from growbench.strategies.spec import default_specs
 
 FAILED_TITLE, FAILED_ANCHOR = "Failed runs", "failed"
 NO_CHOICE = "no growth strategy is eligible (never failed and ran on every dataset)"

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.report.wording import first_line
-from harness.runner.train_sweep import variant_names
-from harness.store.training import load
-from harness.train import config_fields, tokens_per_step
+from growbench.harness.report.wording import first_line
+from growbench.harness.runner.train_sweep import variant_names
+from growbench.harness.store.training import load
+from growbench.harness.train import config_fields, tokens_per_step
 
 MAIN_METHODS = ("default", "random", "zero", "gradmax", "fixed-small", "fixed-large")
 BASELINES = ("random", "zero", "gradmax")

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from harness.recommend import Paired
-from harness.report.train_runs import (
+from growbench.harness.recommend import Paired
+from growbench.harness.report.train_runs import (
     BASELINES,
     COMPARISONS,
     SCHEDULE_FIELDS,
@@ -34,7 +34,7 @@ from harness.report.train_runs import (
     table_row,
     training_table,
 )
-from harness.report.wording import four_digits, plural, ratio, three_digits
+from growbench.harness.report.wording import four_digits, plural, ratio, three_digits
 
 #: Target (a): the FLOPs at which default growth first reaches fixed-large's final held-out loss, as a share of
 #: fixed-large's total FLOPs, at most this.

@@ -14,14 +14,30 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from harness.report.figures.base import FigureResult, not_drawn
-from harness.report.figures.training import training_curves, training_variants
-from harness.report.sections import Bullet, Bullets, Facts, Link, Paragraph, Section, Span, Table, figure_section
-from harness.report.train_runs import failed_training_runs, prepare, training_table
-from harness.report.train_verdict import ScheduleComparison, Verdict, overall_text, schedule_comparisons, verdicts
-from harness.report.wording import distinct, finished_range
-from harness.runner.train_sweep import train_presets
-from harness.train import config_fields
+from growbench.harness.report.figures.base import FigureResult, not_drawn
+from growbench.harness.report.figures.training import training_curves, training_variants
+from growbench.harness.report.sections import (
+    Bullet,
+    Bullets,
+    Facts,
+    Link,
+    Paragraph,
+    Section,
+    Span,
+    Table,
+    figure_section,
+)
+from growbench.harness.report.train_runs import failed_training_runs, prepare, training_table
+from growbench.harness.report.train_verdict import (
+    ScheduleComparison,
+    Verdict,
+    overall_text,
+    schedule_comparisons,
+    verdicts,
+)
+from growbench.harness.report.wording import distinct, finished_range
+from growbench.harness.runner.train_sweep import train_presets
+from growbench.harness.train import config_fields
 
 TITLE, ANCHOR = "Growth during training", "training"
 FAILED_TITLE, FAILED_ANCHOR = "Failed training runs", "training-failed"

@@ -6,7 +6,7 @@ they may be tuned freely.
 
 from __future__ import annotations
 
-from datasets import parse_dataset
+from growbench.datasets.registry import parse_dataset
 
 #: Relative cost of a run per dataset at equal sizes (a synthetic dataset is about 1). Calibrated on the quick
 #: sweep's run times in results/growbench.sqlite (finished_at - started_at), so that a unit of cost takes about

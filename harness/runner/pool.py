@@ -27,11 +27,11 @@ import torch
 from pebble import ProcessExpired, ProcessPool
 from tqdm.auto import tqdm
 
-from harness.env import DEFAULT_THREADS, code_version, config_key, environment, now
-from harness.plugins import import_modules
-from harness.store.base import RunStore
-from harness.validate import ConfigError, check_float
-from strategies.registry import outside_modules
+from growbench.harness.env import DEFAULT_THREADS, code_version, config_key, environment, now
+from growbench.harness.plugins import import_modules
+from growbench.harness.store.base import RunStore
+from growbench.harness.validate import ConfigError, check_float
+from growbench.strategies.registry import outside_modules
 
 #: ``run(config, threads=n) -> row``: one run of a configuration (as a dict) in a worker; never raises.
 RunFunction = Callable[..., dict]
@@ -298,7 +298,7 @@ def _run_with_plugins(run: RunFunction, modules: tuple[str, ...], config: dict, 
 
 #: Modules the server of worker processes imports once, so that a worker (a fork of it) starts without
 #: importing torch and the project again: seconds per worker, and again for each one replaced.
-PRELOAD = ("harness.runner.pool", "harness.measure", "harness.train")
+PRELOAD = ("growbench.harness.runner.pool", "growbench.harness.measure", "growbench.harness.train")
 
 
 def worker_context() -> multiprocessing.context.BaseContext:

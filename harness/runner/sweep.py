@@ -14,15 +14,15 @@ from dataclasses import asdict, fields
 
 import pandas as pd
 
-import strategies
-from datasets import DATASETS, PRETRAINED_DATASETS
-from harness.env import DEFAULT_THREADS
-from harness.measure import HELDOUT_BATCHES, RunConfig, run_one, site_key
-from harness.runner.cost import sweep_cost
-from harness.runner.pool import check_run_timeout, run_pending
-from harness.store.results import ResultsDB
-from harness.validate import ConfigError, check_jobs, check_runs, check_threads, dataset_class
-from strategies.line_search import METHODS
+from growbench import strategies
+from growbench.datasets.registry import DATASETS, PRETRAINED_DATASETS
+from growbench.harness.env import DEFAULT_THREADS
+from growbench.harness.measure import HELDOUT_BATCHES, RunConfig, run_one, site_key
+from growbench.harness.runner.cost import sweep_cost
+from growbench.harness.runner.pool import check_run_timeout, run_pending
+from growbench.harness.store.results import ResultsDB
+from growbench.harness.validate import ConfigError, check_jobs, check_runs, check_threads, dataset_class
+from growbench.strategies.line_search import METHODS
 
 DEFAULT_DB = "results/growbench.sqlite"
 DEFAULT_CACHE = "results/cache"

@@ -11,12 +11,12 @@ import itertools
 
 import pandas as pd
 
-import strategies
-from harness.env import DEFAULT_THREADS, recorded
-from harness.runner.pool import check_run_timeout, run_pending
-from harness.store.training import TrainDB
-from harness.train import FIXED_METHODS, TrainConfig, train_run
-from harness.validate import check_threads, check_train_configs
+from growbench import strategies
+from growbench.harness.env import DEFAULT_THREADS, recorded
+from growbench.harness.runner.pool import check_run_timeout, run_pending
+from growbench.harness.store.training import TrainDB
+from growbench.harness.train import FIXED_METHODS, TrainConfig, train_run
+from growbench.harness.validate import check_threads, check_train_configs
 
 #: The methods every training design compares: the default growth, each strategy baseline, and the two fixed sizes.
 COMPARED_METHODS = ["default", *strategies.baseline_names(), *FIXED_METHODS]

@@ -21,8 +21,8 @@ from typing import ClassVar, Self
 
 import pandas as pd
 
-from harness.store.dbfile import DatabaseFileError, connect_read, connect_write
-from harness.store.schema import Table
+from growbench.harness.store.dbfile import DatabaseFileError, connect_read, connect_write
+from growbench.harness.store.schema import Table
 
 
 def _create_or_upgrade(conn: sqlite3.Connection, table: Table) -> None:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.store.schema import TABLES
+from growbench.harness.store.schema import TABLES
 
 APPLICATION_ID = 0x47726F77  # "Grow"; a signed 32-bit value, as SQLite stores it
 SCHEMA_VERSION = 1

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.store.base import RunStore, read_tables
-from harness.store.dbfile import DatabaseFileError
-from harness.store.schema import RUNS
+from growbench.harness.store.base import RunStore, read_tables
+from growbench.harness.store.dbfile import DatabaseFileError
+from growbench.harness.store.schema import RUNS
 
 
 def read_runs(path: str | Path, *, numbers: bool = False) -> pd.DataFrame:

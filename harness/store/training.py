@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.store.base import RunStore, read_tables
-from harness.store.schema import TRAIN_CURVES, TRAIN_RUNS
+from growbench.harness.store.base import RunStore, read_tables
+from growbench.harness.store.schema import TRAIN_CURVES, TRAIN_RUNS
 
 
 class TrainDB(RunStore):

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-import strategies
-from harness.recommend import CELL_COLUMNS, is_growth, measures, stored_spec
-from harness.report.figures.base import MAX_WIDTH_IN, FigureResult, bottom_legend, log_axis, plain_text, theme
-from harness.report.figures.palette import dataset_colors
+from growbench import strategies
+from growbench.harness.recommend import CELL_COLUMNS, is_growth, measures, stored_spec
+from growbench.harness.report.figures.base import MAX_WIDTH_IN, FigureResult, bottom_legend, log_axis, plain_text, theme
+from growbench.harness.report.figures.palette import dataset_colors
 
 TITLE = "Ablation: the paired effect of changing one axis"
 AXIS_TITLES = {"averaging": "averaging", "inverse": "inverse", "truncation": "truncation", "metric": "metric-aware",

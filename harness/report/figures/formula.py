@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from harness.report.figures.base import (
+from growbench.harness.report.figures.base import (
     FigureResult,
     bottom_legend,
     cover_powers,
@@ -18,7 +18,7 @@ from harness.report.figures.base import (
     stored_extra,
     theme,
 )
-from harness.report.figures.palette import dataset_colors
+from growbench.harness.report.figures.palette import dataset_colors
 
 TITLE = "Does formula 2 converge to formula 1 as d_s/d_e grows?"
 GAP_COLUMNS = ["dataset", "d_s", "d_e", "b", "seed", "ratio", "rel_diff", "score_cosine"]

@@ -12,9 +12,17 @@ import math
 import numpy as np
 import pandas as pd
 
-from harness.recommend import Paired, is_growth, measures, reference_runs, stored_spec
-from harness.report.figures.base import MAX_WIDTH_IN, FigureResult, bottom_legend, facets, log_axis, panel_title, theme
-from harness.report.figures.palette import BLACK, BLUE, GREEN, ORANGE, PURPLE, VERMILLION
+from growbench.harness.recommend import Paired, is_growth, measures, reference_runs, stored_spec
+from growbench.harness.report.figures.base import (
+    MAX_WIDTH_IN,
+    FigureResult,
+    bottom_legend,
+    facets,
+    log_axis,
+    panel_title,
+    theme,
+)
+from growbench.harness.report.figures.palette import BLACK, BLUE, GREEN, ORANGE, PURPLE, VERMILLION
 
 GENERALISATION_TITLE = "What generalises: held-out gain against batch gain, per component"
 TOKENS_TITLE = "How many statistics tokens does a step need?"

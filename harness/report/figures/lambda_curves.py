@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pandas as pd
 
-import strategies
-from harness.recommend import is_growth, preset_names, reference_runs, stored_spec
-from harness.report.figures.base import (
+from growbench import strategies
+from growbench.harness.recommend import is_growth, preset_names, reference_runs, stored_spec
+from growbench.harness.report.figures.base import (
     MIN_FONT_PT,
     FigureResult,
     bottom_legend,
@@ -19,9 +19,9 @@ from harness.report.figures.base import (
     stored_extra,
     theme,
 )
-from harness.report.figures.palette import BLACK, BLUE, VERMILLION
-from harness.report.names import short_label
-from harness.report.wording import listing
+from growbench.harness.report.figures.palette import BLACK, BLUE, VERMILLION
+from growbench.harness.report.names import short_label
+from growbench.harness.report.wording import listing
 
 TITLE = "Loss along λ and the λ each search chooses"
 PATH_COLORS = {"fast": BLUE, "normal": VERMILLION}

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-import strategies
-from harness.recommend import Recommendation, preset_names, reference_runs, run_regimes
-from harness.report.figures.base import (
+from growbench import strategies
+from growbench.harness.recommend import Recommendation, preset_names, reference_runs, run_regimes
+from growbench.harness.report.figures.base import (
     FigureResult,
     bottom_legend,
     facets,
@@ -22,10 +22,10 @@ from harness.report.figures.base import (
     plain_text,
     theme,
 )
-from harness.report.figures.palette import BLACK, BLUE, GREY, ORANGE, PURPLE, YELLOW
-from harness.report.names import category, short_label
-from harness.report.wording import listing, plural, times
-from strategies.regimes import Regime, all_regimes
+from growbench.harness.report.figures.palette import BLACK, BLUE, GREY, ORANGE, PURPLE, YELLOW
+from growbench.harness.report.names import category, short_label
+from growbench.harness.report.wording import listing, plural, times
+from growbench.strategies.regimes import Regime, all_regimes
 
 TITLE = "Speed against batch optimality (Pareto front; a diagnostic)"
 CATEGORY_COLORS = {"preset": BLUE, "variant": ORANGE, "baseline": GREY, "other": PURPLE}

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-import strategies
-from harness.recommend import CELL_COLUMNS, is_growth, preset_names, reference_runs
-from harness.report.figures.base import (
+from growbench import strategies
+from growbench.harness.recommend import CELL_COLUMNS, is_growth, preset_names, reference_runs
+from growbench.harness.report.figures.base import (
     MAX_WIDTH_IN,
     MIN_FONT_PT,
     FigureResult,
@@ -22,9 +22,18 @@ from harness.report.figures.base import (
     stored_extra,
     theme,
 )
-from harness.report.figures.palette import BLACK, GREEN, GREY, ORANGE, PURPLE, SKY, dataset_colors, family_colors
-from harness.report.names import short_label
-from harness.report.wording import duration, plural, times
+from growbench.harness.report.figures.palette import (
+    BLACK,
+    GREEN,
+    GREY,
+    ORANGE,
+    PURPLE,
+    SKY,
+    dataset_colors,
+    family_colors,
+)
+from growbench.harness.report.names import short_label
+from growbench.harness.report.wording import duration, plural, times
 
 PHASES = ("t_statistics", "t_direction", "t_truncation", "t_line_search")
 PHASE_NAMES = {"t_statistics": "statistics", "t_direction": "direction", "t_truncation": "truncation",

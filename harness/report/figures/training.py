@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from harness.report.figures.base import (
+from growbench.harness.report.figures.base import (
     MAX_WIDTH_IN,
     FigureResult,
     bottom_legend,
@@ -19,8 +19,8 @@ from harness.report.figures.base import (
     si_ticks,
     theme,
 )
-from harness.report.figures.palette import BLACK, BLUE, GREY, HUES, ORANGE, shades
-from harness.report.train_runs import (
+from growbench.harness.report.figures.palette import BLACK, BLUE, GREY, HUES, ORANGE, shades
+from growbench.harness.report.train_runs import (
     BASELINES,
     COMPARISONS,
     growth_steps,
@@ -31,8 +31,8 @@ from harness.report.train_runs import (
     training_table,
     variant_order,
 )
-from harness.report.train_verdict import comparison_text, measured_groups
-from harness.report.wording import four_digits, plural
+from growbench.harness.report.train_verdict import comparison_text, measured_groups
+from growbench.harness.report.wording import four_digits, plural
 
 # The references of the variants figure: the design every variant changes one setting of, and the target size.
 REFERENCE_STYLES = {"default": dict(color=BLACK, ls="--", lw=2.2),

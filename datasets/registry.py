@@ -1,7 +1,13 @@
-"""Datasets of the benchmark: each makes deterministic batches and the model ``embed -> block -> head``.
+"""The registry of the benchmark's datasets: each makes deterministic batches and the model ``embed -> block -> head``.
 
 ``make_dataset(name, d_e, d_s, seed, **options)`` builds one by registry name and
 ``trained_model(ds, d_k, ...)`` returns its model after a cached warm-up.
+
+``growbench.datasets`` has no ``__init__.py`` on purpose: a folder named ``datasets`` with one
+would be a regular package wherever the checkout is the current directory, and it would
+shadow Hugging Face's ``datasets`` there (Python puts the current directory first on the
+path). Without one it is a namespace portion, which an installed package always outranks.
+The same holds for ``models`` and ``harness``.
 """
 
 from __future__ import annotations

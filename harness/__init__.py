@@ -1,1 +1,0 @@
-"""Harness: model, sweep runner, timing, CLI."""
