@@ -23,6 +23,9 @@ from torch import Tensor, nn
 from growbench.models.block import GrowableAttention
 
 SPLITS = ("train", "test")
+#: Kinds of data, in the order the report answers for them: a synthetic task (its optimum known), a small
+#: model trained on natural data (images, text), and a real pretrained model (answered per task).
+KINDS = ("synthetic", "natural", "pretrained")
 
 
 # ----------------------------------------------------------------------------- seeding
@@ -259,6 +262,11 @@ class Dataset(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str]
+    #: What kind of data it is, for the report's plain answers: one of :data:`KINDS`.
+    kind: ClassVar[str]
+    #: For a pretrained model, what it is asked to do (``"head recovery"``, its own objective), which the report
+    #: answers for separately; None for the others.
+    task: ClassVar[str | None] = None
     defaults: ClassVar[dict[str, Any]] = {}
     causal: bool = False
     compute_device: torch.device = torch.device("cpu")

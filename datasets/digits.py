@@ -90,6 +90,7 @@ class DigitsDataset(Dataset):
     """
 
     name = "digits"
+    kind = "natural"
     description = "sklearn 8x8 digits as patch tokens, mean-pool classifier"
     defaults: dict[str, Any] = {}
 

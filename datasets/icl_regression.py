@@ -61,6 +61,7 @@ class ICLRegressionDataset(Dataset):
     """
 
     name = "icl-regression"
+    kind = "synthetic"
     description = "in-context linear regression: tokens (x_i, w.x_i), predict y of a query token"
     defaults = {"noise": 0.0}
 

@@ -310,6 +310,7 @@ def contrastive_loss(H: Tensor, labels: Tensor) -> Tensor:
 class _MiniLMDataset(Dataset):
     """Shared by both MiniLM datasets: options, the token stream, windows and the model."""
 
+    kind = "pretrained"
     defaults: dict[str, Any] = {"layer": 2, "head": 0, "source": "pretrained", "narrow": "head",
                                 "corpus": BUILTIN_CORPUS}
     pair_inputs = False
@@ -412,6 +413,7 @@ class MiniLMRecoveryDataset(_MiniLMDataset):
     """
 
     name = "minilm-recovery"
+    task = "head recovery"
     description = "all-MiniLM-L6-v2: recover one pretrained head from its best low-rank factors (output MSE)"
     loss_fn = staticmethod(_mse)
 
@@ -449,6 +451,7 @@ class MiniLMSimilarityDataset(_MiniLMDataset):
     """
 
     name = "minilm-similarity"
+    task = "contrastive objective"
     description = "all-MiniLM-L6-v2: in-batch contrastive loss on adjacent text windows, one head narrowed"
     loss_fn = staticmethod(contrastive_loss)
     pair_inputs = True

@@ -138,6 +138,7 @@ class TeacherDataset(Dataset):
     """
 
     name = "teacher"
+    kind = "synthetic"
     description = "teacher-student attention: fit a sharper, wider teacher block on anisotropic Gaussian inputs"
     defaults = {"teacher_d_k": 16, "teacher_sharpness": 4.0, "cond": 100.0, "causal": False}
 

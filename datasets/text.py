@@ -75,6 +75,7 @@ class TextDataset(Dataset):
     """
 
     name = "text"
+    kind = "natural"
     description = "next-character prediction (causal) on Python's pydoc_data help texts"
     defaults: dict[str, Any] = {}
     causal = True

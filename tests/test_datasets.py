@@ -579,3 +579,11 @@ def test_text_options_identify_corpus() -> None:
     opts = small("text").options()
     assert opts["corpus"] == "pydoc_data.topics" and len(opts["corpus_sha256"]) == 16
     assert isinstance(small("text"), TextDataset)
+
+
+def test_every_dataset_names_its_kind_and_a_pretrained_one_its_task():
+    from growbench.datasets.base import KINDS
+
+    assert {cls.kind for cls in DATASETS.values()} <= set(KINDS)
+    assert all((cls.task is not None) == (cls.kind == "pretrained") for cls in DATASETS.values())
+    assert {DATASETS[name].kind for name in PRETRAINED_DATASETS} == {"pretrained"}
