@@ -173,7 +173,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from growbench.harness.runner.pool import check_run_timeout
-    from growbench.harness.runner.sweep import expand, preset_summary, run_sweep, summary
+    from growbench.harness.runner.sweep import expand, run_sweep
     from growbench.harness.store.results import ResultsDB
     from growbench.harness.validate import check_runs
 
@@ -193,13 +193,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                       resume=not args.no_resume, retry_failed=args.retry_failed,
                       cache_dir=None if args.no_cache else args.cache_dir, progress=not args.no_progress,
                       threads=args.threads, max_memory=args.max_memory, run_timeout=args.run_timeout)
-    table = summary(frame)
-    if len(table) > 40:
-        print(f"{len(table)} strategy × dataset lines; the presets follow (growbench export for everything)")
-        table = preset_summary(frame)
-    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_rows", 200,
-                           "display.max_colwidth", 42):
-        print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}") if len(table) else "no results")
+    _print_sweep_summary(frame)
     n_failed = int((frame.status != "ok").sum()) if len(frame) else 0
     if n_failed:
         from growbench.harness.recommend import first_error
@@ -208,6 +202,116 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{n_failed} failed runs recorded (first: {first.strategy} on {first.dataset}: "
               f"{first_error(pd.Series([first.error]))})", file=sys.stderr)
     return 0
+
+
+#: Lines of the sweep's summary above which only the presets and each dataset's best strategy are printed.
+SUMMARY_LINES = 40
+
+
+def sweep_summary(frame) -> tuple:
+    """What the report says of these runs, one line per regime × dataset × growth strategy: ``(table, note)``.
+
+    The same measure, units and grouping as the report and the recommendation (:mod:`harness.recommend`): per
+    regime, only each dataset's reference configuration counts (:func:`~harness.recommend.reference_runs`), and a
+    strategy's held-out gain is its held-out loss decrease as a share of the held-out loss before the growth, the
+    mean over seeds with its 95 % interval (:class:`~harness.recommend.SeedRuns`, :class:`~harness.recommend.Paired`);
+    optimality and time are medians over seeds. Baselines and runs of other configurations (the scaling, the
+    statistics-tokens study) are left out, as from the report's tables: ``note`` counts them.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        Runs as stored (failed ones included: they are counted per line).
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        Columns ``regime, dataset, strategy, preset, seeds, held-out gain, optimality, time_ms, failed``: the spec
+        and its preset name (``default`` where it is the regime's choice), the gain as text (``+0.702% [+0.166,
+        +1.24]``) as in the report, and ``gain`` (the mean, a share) for sorting.
+    note : str
+        What the table leaves out, in one sentence; empty when nothing is.
+    """
+    import pandas as pd
+
+    from growbench.harness.recommend import (
+        SeedRuns,
+        clean_timings,
+        dataset_name,
+        is_growth,
+        preset_names,
+        reference_runs,
+        regimes_with_runs,
+        run_regimes,
+    )
+    from growbench.strategies.spec import default_specs
+
+    columns = ["regime", "dataset", "strategy", "preset", "seeds", "held-out gain", "optimality", "time_ms", "failed",
+               "gain"]
+    if frame.empty:
+        return pd.DataFrame(columns=columns), ""
+    frame = clean_timings(frame)  # a NULL or infinite timing is no time: a missing one, not an error
+    rows, counted = [], 0
+    regime_of = run_regimes(frame)
+    choices = default_specs()
+    for rank, regime in enumerate(regimes_with_runs(frame)):
+        # "default" names the regime's own choice: the reference regime's spec is no default in another band.
+        names = {spec: name for spec, name in preset_names().items() if name != "default"}
+        names[choices[regime].spec] = "default"
+        mine = frame[regime_of == regime.key]
+        ref = reference_runs(mine)
+        runs = SeedRuns.of(ref)
+        counted += int(ref.strategy.isin(runs.medians.index.get_level_values("strategy")).sum())
+        failed = mine[mine.status != "ok"].groupby(["dataset", "strategy"]).size()
+        shown = {(dataset_name(d), s) for s, d in runs.medians.index}
+        for (dataset, strategy), n in failed.items():  # every run failed: still a line, saying so
+            if (dataset, strategy) not in shown and is_growth(strategy):
+                rows.append({"rank": rank, "regime": regime.describe(), "dataset": dataset, "strategy": strategy,
+                             "preset": names.get(strategy, ""), "seeds": 0, "held-out gain": "n/a: every run failed",
+                             "optimality": math.nan, "time_ms": math.nan, "failed": int(n), "gain": -math.inf})
+        for strategy, dataset in runs.medians.index:
+            gain = runs.gain(strategy, dataset)
+            text = (f"{100 * gain.mean:+.3g}%" + (f" [{100 * gain.low:+.3g}, {100 * gain.high:+.3g}]" if gain.n > 1
+                                                  else " (1 seed: no interval)")) if gain.n else "n/a"
+            rows.append({"rank": rank, "regime": regime.describe(), "dataset": dataset,
+                         "strategy": strategy, "preset": names.get(strategy, ""), "seeds": gain.n,
+                         "held-out gain": text,
+                         "optimality": runs.value(strategy, dataset, "optimality"),
+                         "time_ms": 1e3 * runs.value(strategy, dataset, "t_total"),
+                         "failed": int(failed.get((dataset_name(dataset), strategy), 0)), "gain": gain.mean})
+    table = pd.DataFrame(rows, columns=["rank", *columns])
+    # Regimes as the report orders them (cpu first, narrowest band first), then datasets, the highest gain first.
+    table = table.sort_values(["rank", "dataset", "gain"], ascending=[True, True, False], kind="stable")
+    table = table.drop(columns="rank")
+    left = int((frame.status == "ok").sum()) - counted
+    note = (f"{left} successful runs are not in this table: baselines and other configurations than each dataset's "
+            "reference one (the scaling, the statistics-tokens study); growbench report shows them"
+            if left > 0 else "")
+    return table.reset_index(drop=True), note
+
+
+def _print_sweep_summary(frame) -> None:
+    """Print :func:`sweep_summary`: every line, or beyond :data:`SUMMARY_LINES` the presets and each dataset's best."""
+    import pandas as pd
+
+    table, note = sweep_summary(frame)
+    if table.empty:
+        print("no successful growth run to summarise" + (f" ({note})" if note else ""))
+        return
+    print("held-out gain: the held-out loss decrease as a share of the held-out loss before growth, mean over seeds "
+          "[95% interval], on each dataset's reference configuration, as in the report; optimality and time: medians "
+          "over seeds")
+    if len(table) > SUMMARY_LINES:
+        best = table.groupby(["regime", "dataset"], sort=False).head(1).index
+        keep = table.index.isin(best) | (table.preset != "")
+        print(f"{len(table)} regime × dataset × strategy lines; the presets and each dataset's best follow "
+              "(growbench report for all of them, growbench export for every run)")
+        table = table[keep]
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_rows", 500,
+                           "display.max_colwidth", 60):
+        print(table.drop(columns="gain").to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    if note:
+        print(note)
 
 
 def _without_missing_extra(configs: list, command: str, *, by_name: bool) -> tuple[list, list[str]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import fcntl
 import hashlib
 import json
 import math
@@ -27,6 +26,7 @@ from growbench import strategies
 from growbench.datasets.registry import Dataset, GrowthModel, make_dataset, trained_model
 from growbench.harness.capture import BatchCapture, capture, statistics_over
 from growbench.harness.env import KeyedConfig, recorded, require_device
+from growbench.harness.locks import work_lock
 from growbench.harness.memory import peak_memory
 from growbench.harness.reference import load_reference, reference_key, reference_path, save_reference
 from growbench.harness.validate import check_run_config
@@ -427,22 +427,18 @@ def _site_lock(cfg: RunConfig, cache_dir: str | None) -> Iterator[None]:
     The first run of a site pays for both and leaves them in the caches; another worker that starts the same site
     meanwhile waits and reads them, instead of paying again (on the real model's contrastive task, 115 s of a
     first run against 25 s of a later one, two workers on a busy 2-core machine). Without a cache folder, or one
-    that cannot hold the lock file, runs go on unlocked: the lock saves time, it decides nothing.
+    that cannot hold the lock file, runs go on unlocked: the lock saves time, it decides nothing. For the same
+    reason a waiter never waits for ever: it says what it waits for, and goes on without a holder that is stuck
+    (:func:`harness.locks.work_lock`).
     """
-    handle = None
     if cache_dir is not None:
         with contextlib.suppress(OSError):
             Path(cache_dir).mkdir(parents=True, exist_ok=True)
-            handle = open(site_lock_path(cfg, cache_dir), "a")  # noqa: SIM115 - held open for the lock's lifetime
-    if handle is None:
-        yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
+        what = f"its holder is building the model of {cfg.dataset}, seed {cfg.seed}, d_e {cfg.d_e}, for every run of it"
+        with work_lock(site_lock_path(cfg, cache_dir), what):
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    yield
 
 
 def measure(cfg: RunConfig, cache_dir: str | None = "results/cache") -> dict:

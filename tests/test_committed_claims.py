@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -91,3 +92,44 @@ def test_every_claim_of_the_committed_recommendation_holds_on_its_runs(committed
         if entry["verdict"] == "generalises":
             assert all(e["lowers"] and e["within"] for e in entry["evidence"].values() if isinstance(e, dict)), key
     assert checked >= at_least
+
+
+# ------------------------------------------------------------------ the report's plain answers (issue 38, item 2)
+def test_every_plain_answer_holds_on_its_per_seed_runs(committed):
+    """The report opens with one answer per kind of data: grow or not, by how much, how sure. Each number of each
+    answer is the default's mean held-out gain over seeds with its 95 % t interval, recomputed here from the runs;
+    each verdict follows from those intervals; every dataset is answered once, under its own kind."""
+    from growbench.datasets.registry import DATASETS
+    from growbench.harness.report.answers import DO_NOT_GROW, GROW, GROW_WHERE_SHOWN, NO_EVIDENCE, plain_answers
+
+    runs, data, _ = committed
+    recs = {key: SimpleNamespace(regime=key, spec=entry["spec"], evidence=entry["evidence"])
+            for key, entry in data["regimes"].items()}
+    answers = plain_answers(recs)
+    answered = [(c.regime, c.dataset) for a in answers for c in a.claims]
+    assert sorted(answered) == sorted((key, ds) for key, entry in data["regimes"].items()
+                                      for ds in entry["reference_configurations"])
+    for answer in answers:
+        lows, highs = [], []
+        for claim in answer.claims:
+            entry = data["regimes"][claim.regime]
+            assert claim.spec == entry["spec"]
+            gains = _per_seed(_reference(runs, claim.dataset, entry["reference_configurations"][claim.dataset]),
+                              claim.spec)
+            mean, low, high = _interval(gains)
+            assert (claim.mean, claim.low, claim.high) == pytest.approx((mean, low, high), rel=1e-9, abs=1e-12)
+            assert claim.seeds == len(gains)
+            # The sentence says these numbers, in % of the held-out loss.
+            fmt = ".3g" if low > 0 else "+.3g"
+            assert f"{claim.dataset} " in answer.text()
+            assert f"{100 * mean:{fmt}}% [{100 * low:{fmt}}, {100 * high:{fmt}}] over {len(gains)} seeds" \
+                in answer.text(), (answer.label, claim.dataset)
+            lows.append(low)
+            highs.append(high)
+            cls = DATASETS[claim.dataset.split(" @ ")[0].split(":")[0]]
+            assert answer.kind.split(":")[0] == cls.kind
+            if cls.kind == "pretrained":
+                assert cls.task in answer.label and cls.model_name in answer.label
+        expected = (DO_NOT_GROW if any(h < 0 for h in highs) else GROW if all(lo > 0 for lo in lows) else
+                    GROW_WHERE_SHOWN if any(lo > 0 for lo in lows) else NO_EVIDENCE)
+        assert answer.verdict == expected, answer.label

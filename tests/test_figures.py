@@ -12,6 +12,7 @@ efficiency and held-out gains, and ``growbench report`` repeats no warning.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import re
 import subprocess
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import GROWBENCH
-from matplotlib.colors import to_hex
+from matplotlib.colors import rgb_to_hsv, to_hex
 from matplotlib.text import Text
 from test_report import fixture_rows, row, write_db
 from test_train_report import FINALS, train_row, write_train_db
@@ -41,6 +42,8 @@ from growbench.harness.report.build import SWEEP_FIGURES
 from growbench.harness.report.figures.ablation import ablation_pairs
 from growbench.harness.report.figures.base import FigureResult
 from growbench.harness.report.figures.formula import formula_convergence
+from growbench.harness.report.figures.heldout import generalisation, statistics_tokens
+from growbench.harness.report.figures.lambda_curves import loss_along_lambda
 from growbench.harness.report.figures.pareto import pareto
 from growbench.harness.report.figures.timing import breakdown
 from growbench.harness.report.figures.training import MAX_SERIES, training_curves, training_variants
@@ -49,6 +52,7 @@ from growbench.harness.report.render import render_html, render_markdown
 from growbench.harness.report.sections import Report, figure_section
 from growbench.harness.report.train_runs import load_training
 from growbench.harness.report.wording import duration
+from growbench.strategies.regimes import Regime
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The committed reference's runs (results/ is the user's, not committed).
@@ -281,7 +285,7 @@ def test_formula_gap_axis_covers_every_point_and_the_caption_names_a_dip():
 # ------------------------------------------------------------------ advice against its evidence
 def _moot(frame: pd.DataFrame) -> str:
     rec = R.recommend(frame)
-    section = advice_section(frame, rec, None, None)
+    section = advice_section(frame, {rec.regime: rec}, None, None)
     items = section.blocks[1].items
     moot = [item for item in items if "does not matter" in str(item.parts)]
     return " ".join(moot[0].children) if moot else ""
@@ -342,3 +346,102 @@ def test_report_repeats_no_warning_on_the_console(cli_report):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     repeated = {line: n for line, n in collections.Counter(lines).items() if n > 1}
     assert not repeated and "Traceback" not in done.stderr, repeated
+
+
+# ------------------------------------------------------------------ the default marked, panels scaled (issue 38)
+def _panel_datasets(result) -> list[str]:
+    return sorted(result.data.dataset.unique())
+
+
+def test_generalisation_rings_each_regimes_default_and_scales_each_panel_to_its_points(committed, committed_front):
+    """The held-out-against-batch figure marked no default, and scaled the contrastive panel to 50 % with every point
+    at 0 (its reference line ran to the largest batch gain): now each panel rings its regime's choice and its y axis
+    spans its own means and intervals, and 0, with a small margin."""
+    recs = committed_front[1]
+    result = generalisation(committed, regimes=recs)
+    data = result.data
+    axes = [ax for ax in result.fig.axes if ax.get_visible()]
+    assert len(axes) == len(_panel_datasets(result)) == 6
+    for ax, ds in zip(axes, _panel_datasets(result), strict=True):
+        at = data[data.dataset == ds]
+        regime = committed[committed.dataset == ds.split(" @ ")[0]]
+        key = R.run_regimes(regime).iloc[0]
+        mine = at[at.strategy == recs[key].spec]
+        rings = [c for c in ax.collections if "default" in str(c.get_label())]
+        assert len(mine) == 1 and len(rings) == 1, ds
+        assert np.allclose(rings[0].get_offsets(), [[100 * mine.batch_gain.iloc[0], 100 * mine.heldout_gain.iloc[0]]])
+        values = 100 * np.r_[at.heldout_gain, at.low, at.high, 0.0]
+        values = values[np.isfinite(values)]
+        low, high = ax.get_ylim()
+        span = values.max() - values.min()
+        assert low <= values.min() and high >= values.max(), ds
+        assert (high - low) <= 1.25 * span, f"{ds}: y axis {high - low:.3g} wide for data {span:.3g} wide"
+    similarity = axes[_panel_datasets(result).index("minilm-similarity:layer=4:head=7")]
+    assert similarity.get_ylim()[1] < 15  # not 50: no point is above a few %
+    plt.close(result.fig)
+
+
+def test_tokens_and_lambda_figures_mark_the_default(committed, committed_front):
+    recs = committed_front[1]
+    tokens = statistics_tokens(committed, regimes=recs)
+    default = recs["cpu/small"].spec
+    labels = {h.get_label() for ax in tokens.fig.axes for h in ax.get_legend_handles_labels()[0]}
+    assert f"{default} (the regime's default)" in labels
+    plt.close(tokens.fig)
+    lam = loss_along_lambda(committed, regimes=recs)
+    for ax in lam.fig.axes:
+        if not ax.get_visible() or not ax.get_title():
+            continue
+        ringed = [c for c in ax.collections if "default" in str(c.get_label())]
+        named = [t for t in ax.texts if "(default)" in t.get_text()]
+        assert len(ringed) + len(named) == 1, ax.get_title()
+    # Each search is named with its flags: the default's own row is told apart from the other brackets'.
+    searches = lam.table.groupby("dataset").search.apply(list)
+    assert all(len(s) == len(set(s)) for s in searches), searches
+    plt.close(lam.fig)
+
+
+def test_training_baselines_are_drawn_in_distinct_colours(variants_db):
+    """random, zero and gradmax were shades of one warm hue: now each has a hue of its own, at least 36° around the
+    colour wheel from the others' and from the default's."""
+    result = training_curves(*load_training(variants_db))
+    hues = {}
+    for ax in result.fig.axes:
+        for line in ax.get_lines():
+            if line.get_label() in ("default", "random", "zero", "gradmax"):
+                hues[line.get_label()] = float(rgb_to_hsv(plt.matplotlib.colors.to_rgb(line.get_color()))[0])
+    assert set(hues) == {"default", "random", "zero", "gradmax"}
+    for a, b in itertools.combinations(hues, 2):
+        apart = abs(hues[a] - hues[b])
+        assert min(apart, 1 - apart) >= 0.1, (a, b, hues)
+    plt.close(result.fig)
+
+
+def test_every_advice_names_its_regime_and_says_a_shortfall_in_words(committed, committed_front):
+    """Advice named no regime and said the fastest strategy "falls up to 631% short" of the best held-out gain: now
+    every item starts with its regime, and that shortfall reads as what it is, with the gains behind it."""
+    recs = committed_front[1]
+    items = advice_section(committed, recs, None, None).blocks[1].items
+    regimes = tuple(Regime.parse(key).describe() for key in recs)
+    said = []
+    for item in items:
+        head = "".join(p if isinstance(p, str) else p.text for p in item.parts)
+        said += [head, *item.children]
+        if item.children:
+            for child in item.children:
+                assert child.startswith(regimes) or child.startswith("a change counts as not mattering"), child
+        else:
+            assert head.startswith(regimes), head
+    assert [s for s in said if s.startswith(regimes[0])] and [s for s in said if s.startswith(regimes[1])]
+    text = " ".join(said)
+    assert "falls up to" not in text and not re.search(r"\d{3,}% short", text)
+    # The fastest small-band strategy raises the held-out loss on text: its mean gain there, and the best's.
+    rec = recs["cpu/small"]
+    fastest = rec.table.iloc[0]
+    ref = R.reference_runs(committed[R.run_regimes(committed) == "cpu/small"])
+    ref = ref.assign(**R.measures(ref))
+    mine = ref[(ref.strategy == fastest.strategy) & (ref.dataset == fastest.worst_dataset)].heldout_gain.mean()
+    best = rec.evidence[fastest.worst_dataset]["best_heldout_gain"]
+    assert mine < 0 < best
+    assert (f"on {fastest.worst_dataset} it raises the held-out loss (mean held-out gain {100 * mine:+.3g}% against "
+            f"the best strategy's {100 * best:+.3g}%)") in text

@@ -2,7 +2,8 @@
 
 Issue 29's worker-pool cases: a worker dying under ``--jobs 2`` (a segfault, the
 out-of-memory killer's SIGKILL), a run that never ends (``--run-timeout``, with one job or
-two), the option's validation, and the progress bar's estimate weighted by each run's cost.
+two), the option's validation, and the progress bar fed each run's cost and position
+(its estimate: tests/test_progress.py).
 """
 
 from __future__ import annotations
@@ -153,58 +154,75 @@ def test_sweep_api_refuses_a_bad_run_timeout_before_any_work(value, tmp_path):
     assert not db_path.exists()
 
 
-class RecordingBar(pool.tqdm):
-    """The progress bar, recording its total, its updates and what it said last."""
+class RecordingBar(pool.Bar):
+    """The progress bar, recording its estimate and every run it was told of."""
 
     last: RecordingBar | None = None
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.given_total, self.updates, self.descriptions = kwargs["total"], [], []
+    def __init__(self, estimate, show=True, what="runs") -> None:
+        self.finished: list[tuple[int, bool, str]] = []
+        super().__init__(estimate, show, what)
         RecordingBar.last = self
 
-    def update(self, n=1):
-        self.updates.append(n)
-        return super().update(n)
-
-    def set_description_str(self, desc=None, refresh=True):
-        self.descriptions.append(desc)
-        return super().set_description_str(desc, refresh)
+    def finish(self, i, ok, name, seconds=None):
+        self.finished.append((i, ok, name))
+        assert seconds is not None and seconds >= 0  # measured where the run ran
+        return super().finish(i, ok, name, seconds)
 
 
-def test_the_bar_counts_each_run_at_its_cost_and_names_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(pool, "tqdm", RecordingBar)
+def test_the_bar_learns_each_run_at_its_cost_and_names_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(pool, "Bar", RecordingBar)
     # A sweep's default cost (sweep_cost), runs done in this process by a stand-in of the measurement.
     monkeypatch.setattr(sweep, "run_one", lambda config, cache_dir=None, threads=None: run_by_seed(config, threads))
     todo = expand([dict(strategies=["formula2", "formula4"], datasets=["teacher", "text"], d_s=[8], d_e=[8, 16],
                         b=[8], d_k=[2], p=[2], seeds=[0], devices=["cpu"], n_batches=1, repeats=1, warmup_steps=2)])
     run_sweep(todo, str(tmp_path / "r.sqlite"), cache_dir=None, progress=True)
     bar = RecordingBar.last
-    costs = [sweep_cost(c.as_dict()) for c in todo]
+    ordered = sweep.in_run_order(todo, jobs=1)
+    costs = [sweep_cost(c.as_dict()) for c in ordered]
     assert len(set(costs)) > 1, "the test needs runs of different costs"
-    assert bar.given_total == pytest.approx(sum(costs))
-    assert sorted(bar.updates) == pytest.approx(sorted(costs))
-    assert bar.n == pytest.approx(bar.given_total)
-    # One process: runs finish in the order the sweep gives them.
-    for desc, config in zip(bar.descriptions, sweep.in_run_order(todo, jobs=1), strict=True):
-        assert config.dataset in desc and config.strategy in desc
+    assert bar.estimate.costs == pytest.approx(costs)
+    assert bar.estimate.classes == [f"{c.dataset} d_e={c.d_e}" for c in ordered]
+    # Each site's first run (it trains the site's model) is calibrated apart from the others.
+    firsts = [(c.dataset, c.d_e) not in {(o.dataset, o.d_e) for o in ordered[:i]} for i, c in enumerate(ordered)]
+    assert [first for _, first in bar.estimate.kinds] == firsts and sum(firsts) == 4
+    # One process: runs finish in the order the sweep gives them, each told once, by its position.
+    assert [i for i, _, _ in bar.finished] == list(range(len(ordered)))
+    for (_, ok, name), config in zip(bar.finished, ordered, strict=True):
+        assert ok and config.dataset in name and config.strategy in name
+    assert bar.estimate.left() == 0 and bar.estimate.share() == 1
+    assert f"{len(ordered)}/{len(ordered)} runs" in bar.text()
 
 
-def test_the_bar_total_is_the_sum_of_a_given_cost(tmp_path, monkeypatch):
-    monkeypatch.setattr(pool, "tqdm", RecordingBar)
+def test_the_bar_takes_a_given_cost_and_counts_failures(tmp_path, monkeypatch):
+    monkeypatch.setattr(pool, "Bar", RecordingBar)
     todo = configs([0, 4, 5])
     with ResultsDB(tmp_path / "r.sqlite") as db:
-        run_pending(db, todo, run_by_seed, cost=lambda c: c["seed"] + 0.5)
-    assert RecordingBar.last.given_total == pytest.approx(0.5 + 4.5 + 5.5)
-    assert RecordingBar.last.updates == pytest.approx([0.5, 4.5, 5.5])
+        run_pending(db, todo, lambda c, threads=None: (run_by_seed(c, threads) if c["seed"] != 5 else
+                                                       {**run_by_seed(c, threads), "status": "failed"}),
+                    cost=lambda c: c["seed"] + 0.5)
+    bar = RecordingBar.last
+    assert bar.estimate.costs == pytest.approx([0.5, 4.5, 5.5])
+    assert bar.failed == 1 and "1 failed" in bar.text()
 
 
 def test_sweep_cost_grows_with_the_width_the_batches_and_the_dataset():
     quick = dict(dataset="teacher", n_batches=4, b=64, d_s=32, d_e=32, repeats=3)
     minilm = dict(dataset="minilm-recovery:layer=1:head=3", n_batches=2, b=8, d_s=32, d_e=384, repeats=3)
     assert sweep_cost(quick) == pytest.approx(1.0)
-    assert 20 <= sweep_cost(minilm) / sweep_cost(quick) <= 100  # the committed quick sweep: 30-70 times
+    assert 20 <= sweep_cost(minilm) / sweep_cost(quick) <= 100  # the committed quick sweep: 30-90 times
     assert sweep_cost({**quick, "d_e": 64}) > sweep_cost(quick)
     assert sweep_cost({**quick, "n_batches": 16}) > sweep_cost(quick)
     assert sweep_cost({**quick, "dataset": "no-such-dataset"}) == sweep_cost(quick)
     assert all(cost > 0 for cost in DATASET_COST.values())
+
+
+def test_workers_key_their_rows_with_the_sweep_s_code_version(tmp_path, monkeypatch):
+    # A worker reads the source files later than its sweep: an edit in between (a pull, another terminal) must not
+    # give its rows keys the sweep does not know. Here the sweep's version is not the files' at all.
+    monkeypatch.setattr(pool, "code_version", lambda: "the-sweep-s")
+    todo = configs([0, 4])
+    with ResultsDB(tmp_path / "r.sqlite") as db:
+        frame = run_pending(db, todo, run_by_seed, jobs=2, progress=False)
+    assert sorted(frame.seed) == [0, 4] and set(frame.code_version) == {"the-sweep-s"}
+    assert set(frame.key) == {c.key("the-sweep-s") for c in todo}

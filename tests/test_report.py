@@ -21,7 +21,7 @@ from growbench.harness.report.figures.base import log_axis
 from growbench.harness.report.figures.palette import dataset_colors
 from growbench.harness.report.figures.pareto import pareto
 from growbench.harness.report.output import MANIFEST
-from growbench.harness.report.render import render_html, render_markdown
+from growbench.harness.report.render import html_breakable, render_html, render_markdown
 from growbench.harness.report.sections import Bullet, Bullets, Link, Paragraph, Report, Section, Span, Table
 from growbench.harness.store.results import ResultsDB
 
@@ -175,7 +175,7 @@ def test_html_is_self_contained_and_escapes_database_strings(built):
     assert "failed runs" in text.lower()
     md = (out / "report.md").read_text()
     assert "<script>" not in md and "figures/pareto.png" in md
-    assert md.splitlines()[0].startswith("# ") and md.splitlines()[2] == "## What to use"
+    assert md.splitlines()[0].startswith("# ") and md.splitlines()[2].startswith("## Should you grow?")
     assert "growbench report --db" in md.split("## Advice", 1)[0]
 
 
@@ -205,11 +205,12 @@ def test_report_opens_with_advice_derived_from_the_data(built):
     rec = R.recommend(R.load_frame(db))
     md = (out / "report.md").read_text()
     sections = re.findall(r"^## (.+)$", md, re.MULTILINE)
-    assert sections[:3] == ["What to use", "Advice", "Database"]
+    assert sections[:4] == ["Should you grow? One answer per kind of data", "What to use", "Advice", "Database"]
     advice = md.split("## Advice", 1)[1].split("\n## ", 1)[0]
-    assert f"**Use** `{rec.spec}`" in advice and f"{rec.evidence['median_time_ms']:.3g} ms per growth" in advice
+    assert f"- **cpu, d_e ≤ 128**: **use** `{rec.spec}`" in advice
+    assert f"{rec.evidence['median_time_ms']:.3g} ms per growth" in advice
     html = (out / "report.html").read_text()
-    assert '<h2 id="advice">Advice</h2>' in html and f"<code>{rec.spec}</code>" in html
+    assert '<h2 id="advice">Advice</h2>' in html and f"<code>{html_breakable(rec.spec)}</code>" in html
 
 
 def test_each_figure_has_a_two_sentence_caption_and_its_numbers_in_a_table(built):
@@ -456,3 +457,87 @@ def test_a_change_that_matters_on_one_dataset_is_never_said_not_to_matter():
     assert "inverse" not in said
     same = [r | {"heldout_decrease": 0.01, "heldout_after": 0.99} for r in rows]
     assert "the inverse (pinv → solve)" in " ".join(_ablation_statements(pd.DataFrame(same)))
+
+
+# ------------------------------------------------------------------ runs without a usable time
+@pytest.mark.parametrize("value, share", [("NULL", "every"), ("NULL", "half"), ("9e999", "half"), ("-9e999", "every"),
+                                          ("0", "half")])
+def test_runs_without_a_usable_time_are_left_out_of_time_with_a_note(tmp_path, capsys, value, share):
+    """``report`` on a database whose timings are NULL or infinite ended in a TypeError traceback: now both commands
+    succeed, the report says how many runs have no usable time and what it did with them, and no figure, table or
+    sentence of it shows an infinity or a NaN."""
+    import sqlite3
+
+    db = write_db(tmp_path / "r.sqlite", fixture_rows())
+    with sqlite3.connect(db) as con:
+        timings = [c for (_, c, *_) in con.execute("PRAGMA table_info(runs)") if c.startswith("t_")]
+        where = " WHERE rowid % 2 = 0" if share == "half" else ""
+        con.execute(f"UPDATE runs SET {', '.join(f'{c} = {value}' for c in timings)}{where}")
+        ok = con.execute("SELECT COUNT(*) FROM runs WHERE status = 'ok'").fetchone()[0]
+        hit = con.execute(f"SELECT COUNT(*) FROM runs WHERE status = 'ok'{where.replace('WHERE', 'AND')}").fetchone()[0]
+    out = tmp_path / "out"
+    assert cli_main(["report", "--db", str(db), "--out", str(out)]) == 0
+    assert cli_main(["recommend", "--db", str(db)]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "failed" not in err, err
+    md = (out / "report.md").read_text()
+    assert f"{hit} of {ok} successful runs have no usable time" in md
+    assert not re.search(r"(?<![\w.])-?(nan|inf)(?![\w])", md, re.I), re.search(r".{60}\b(nan|inf)\b.{20}", md, re.I)
+    frame = R.load_frame(db)
+    assert int(R.untimed(frame).sum()) == hit and frame.t_total.dropna().gt(0).all()
+    if share == "half":  # the timed half still draws the figures of time
+        assert (out / "figures" / "pareto.png").exists() and (out / "figures" / "breakdown.png").exists()
+
+
+# ------------------------------------------------------------------ plain answers per kind of data
+def _evidence(gains: dict[str, tuple[float, float, float]], n: int = 5) -> dict:
+    return {ds: {"heldout_gain": [mean, low, high, n]} for ds, (mean, low, high) in gains.items()}
+
+
+def test_answers_group_synthetic_natural_and_each_pretrained_model_and_task():
+    """One answer per kind of data, a pretrained model answered per task: every registered pretrained dataset (the
+    MiniLM tasks, and any model added later) lands under its own model and task, from the class alone."""
+    from types import SimpleNamespace
+
+    from growbench.datasets.registry import DATASETS
+    from growbench.harness.report.answers import GROW, GROW_WHERE_SHOWN, NO_EVIDENCE, dataset_kind, plain_answers
+
+    pretrained = [name for name, cls in DATASETS.items() if cls.kind == "pretrained"]
+    assert {"minilm-recovery", "minilm-similarity"} <= set(pretrained)
+    for name in pretrained:
+        kind, label = dataset_kind(f"{name}:layer=1:head=2")
+        cls = DATASETS[name]
+        assert kind == f"pretrained:{cls.model_name}:{cls.task}" and label == f"Pretrained {cls.model_name}, {cls.task}"
+    assert dataset_kind("teacher @ d_e=768") == ("synthetic", "Synthetic tasks")
+    assert dataset_kind("my-plugin-data") == ("other", "Other data")
+    assert dataset_kind('=HYPERLINK("http://evil.example","click")') == ("other", "Other data")
+
+    small = _evidence({"teacher": (0.5, 0.4, 0.6), "icl-regression": (0.006, -0.003, 0.016),
+                       "digits": (0.007, 0.002, 0.012), "text": (0.0003, -0.0001, 0.0008)})
+    medium = _evidence({f"{name}:layer=4:head=7": (0.3, 0.1, 0.5) if "recovery" in name else (0.001, -0.01, 0.01)
+                        for name in pretrained})
+    recs = {"cpu/small": SimpleNamespace(regime="cpu/small", spec="gram/solve/full/normal:grid", evidence=small),
+            "cpu/medium": SimpleNamespace(regime="cpu/medium", spec="gram/pinv/full/normal:grid", evidence=medium)}
+    answers = plain_answers(recs)
+    labels = [a.label for a in answers]
+    assert labels[:2] == ["Synthetic tasks", "Small models on natural data"]
+    assert len(labels) == 2 + len({(DATASETS[n].model_name, DATASETS[n].task) for n in pretrained})
+    verdicts = {a.label: a.verdict for a in answers}
+    assert verdicts["Synthetic tasks"] == verdicts["Small models on natural data"] == GROW_WHERE_SHOWN
+    assert verdicts["Pretrained MiniLM, head recovery"] == GROW
+    assert verdicts["Pretrained MiniLM, contrastive objective"] == NO_EVIDENCE
+    synthetic = answers[0].text()
+    assert "teacher by 50% [40, 60] over 5 seeds" in synthetic
+    assert "no evidence it helps on icl-regression (+0.6% [-0.3, +1.6] over 5 seeds)" in synthetic
+
+
+def test_answers_say_do_not_grow_where_the_default_raises_the_held_out_loss():
+    from types import SimpleNamespace
+
+    from growbench.harness.report.answers import DO_NOT_GROW, plain_answers
+
+    rec = SimpleNamespace(regime="cpu/small", spec="gram/solve/full/normal:grid",
+                          evidence=_evidence({"digits": (-0.01, -0.02, -0.004), "text": (0.01, 0.002, 0.02)}))
+    (answer,) = plain_answers({"cpu/small": rec})
+    assert answer.verdict == DO_NOT_GROW
+    assert "it raises the held-out loss beyond seed noise on digits (gain -1% [-2, -0.4] over 5 seeds)" in answer.text()

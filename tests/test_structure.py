@@ -29,7 +29,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("harness.capture", "harness.reference"),
     ("harness.measure", "harness.train"),
     ("harness.runner",),
-    ("harness.recommend", "harness.targets", "harness.example"),
+    # The recommendation's parts (harness.recommend is their index), beside the targets and the example.
+    ("harness.recommend", "harness.rule", "harness.targets", "harness.example"),
     ("harness.report",),
     ("harness.cli",),
     ("benchmarks",),

@@ -1,7 +1,7 @@
 """The report's opening advice, in plain words and derived from the data: what to use, when to prefer
 something else, and what does not matter.
 
-Every statement comes from the recommendation (:mod:`harness.recommend`), the paired ablation
+Every statement comes from the recommendation (:mod:`harness.rule.choice`), the paired ablation
 (:mod:`harness.report.figures.ablation`) or the training verdicts; nothing is written in advance.
 """
 
@@ -12,14 +12,6 @@ import math
 import pandas as pd
 
 from growbench import strategies
-from growbench.harness.recommend import (
-    CLOSEST,
-    DOES_NOT_GENERALISE,
-    TOLERANCE,
-    Recommendation,
-    preset_names,
-    rule_in_brief,
-)
 from growbench.harness.report.figures.ablation import ablation_pairs, ablation_summary
 from growbench.harness.report.names import short_label
 from growbench.harness.report.sections import Bullet, Bullets, Paragraph, Section, Span
@@ -33,6 +25,11 @@ from growbench.harness.report.train_verdict import (
 )
 from growbench.harness.report.training import TrainingSection
 from growbench.harness.report.wording import duration, four_digits, listing, times
+from growbench.harness.rule.choice import Recommendation
+from growbench.harness.rule.loading import preset_names
+from growbench.harness.rule.parameters import CLOSEST, DOES_NOT_GENERALISE, TOLERANCE
+from growbench.harness.rule.wording import rule_in_brief
+from growbench.strategies.regimes import Regime
 
 TITLE = "Advice"
 # A change "does not matter" to quality when, on every dataset, its median effect over pairs stays within both
@@ -50,18 +47,25 @@ NEGLIGIBLE_TIME = (1 / 1.1, 1.1)  # time ratio after / before
 NEGLIGIBLE_TRAINING = 0.01
 
 
-def _use(rec: Recommendation | None, error: str | None) -> Bullet:
-    if rec is None or rec.spec is None:
-        return Bullet((Span("Use", "strong"), f": no recommendation ({error or 'no growth strategy is eligible'})."))
+def _regime(rec: Recommendation) -> str:
+    """The regime a recommendation answers for, as a reader reads it (``cpu, d_e ≤ 128``)."""
+    return Regime.parse(rec.regime).describe() if rec.regime else "all runs"
+
+
+def _use(rec: Recommendation) -> Bullet:
+    """What to use in ``rec``'s regime, the regime named first."""
+    where = Span(_regime(rec), "strong")
+    if rec.spec is None:
+        return Bullet((where, ": no recommendation (no growth strategy is eligible)."))
     name = short_label(rec.spec, preset_names())
     time = f"{duration(rec.evidence['median_time_ms'])} per growth (median over datasets)"
     if rec.verdict == DOES_NOT_GENERALISE:
-        return Bullet((Span("Do not count on growth here", "strong"), f": {rec.statement} ({time}.)"))
+        return Bullet((where, ": ", Span("do not count on growth here", "strong"), f". {rec.statement} ({time}.)"))
     if rec.verdict == CLOSEST:
         why = f", the fallback choice: {rec.statement} At {time}."
     else:
         why = f": the fastest growth strategy that {rule_in_brief(rec.tolerance)}, at {time}."
-    return Bullet((Span("Use", "strong"), " ", Span(rec.spec, "code"), f" ({name}){why}"))
+    return Bullet((where, ": ", Span("use", "strong"), " ", Span(rec.spec, "code"), f" ({name}){why}"))
 
 
 def _quality_exceptions(rec: Recommendation) -> list[str]:
@@ -73,21 +77,47 @@ def _quality_exceptions(rec: Recommendation) -> list[str]:
             who = short_label(e["best_strategy"], names)
             better.setdefault(who, []).append(f"{ds} (held-out gain {100 * e['best_heldout_gain']:+.3g}% against "
                                               f"{100 * e['heldout_gain'][0]:+.3g}%)")
-    return [f"when the held-out loss matters most: {who} on {' and '.join(where)}." for who, where in better.items()]
+    return [f"{_regime(rec)}, when the held-out loss matters most: {who} on {' and '.join(where)}."
+            for who, where in better.items()]
+
+
+def shortfall_words(gain: float, best: float, dataset: str) -> str:
+    """How far a strategy's mean held-out gain on ``dataset`` falls from the best strategy's, in words.
+
+    A shortfall of 631 % of the best's gain reads as what it is: the strategy raises the held-out loss there.
+
+    Examples
+    --------
+    >>> shortfall_words(-0.0015, 0.00029, "text")
+    "on text it raises the held-out loss (mean held-out gain -0.15% against the best strategy's +0.029%)"
+    >>> shortfall_words(0.005, 0.01, "digits")
+    "on digits it keeps 50% of the best strategy's held-out gain (+0.5% against +1%)"
+    """
+    mine, theirs = f"{100 * gain:+.3g}%", f"{100 * best:+.3g}%"
+    if gain < 0:
+        return (f"on {dataset} it raises the held-out loss (mean held-out gain {mine} against the best strategy's "
+                f"{theirs})")
+    if best > 0:
+        return (f"on {dataset} it keeps {100 * gain / best:.0f}% of the best strategy's held-out gain ({mine} against "
+                f"{theirs})")
+    return f"on {dataset} its mean held-out gain is {mine} (the best strategy's: {theirs})"
 
 
 def _faster(rec: Recommendation) -> list[str]:
-    """The fastest growth strategy, when it is not the choice: what its speed costs."""
+    """The fastest growth strategy, when it is not the choice: what its speed costs, on its worst dataset."""
     first = rec.table.iloc[0] if len(rec.table) else None
     if first is None or first.strategy == rec.spec or first.strategy in rec.as_fast \
             or not math.isfinite(first.time_ms):  # as fast as the choice: its speed costs nothing to give up
         return []
     chosen = rec.evidence["median_time_ms"]
-    cost = (f"falls up to {100 * first.worst_shortfall:.0f}% short of the best held-out gain on a dataset"
-            if math.isfinite(first.worst_shortfall) else "falls short of the best held-out gain")
-    missing = "" if first.eligible else " and did not run on every dataset"
-    return [f"when time matters more than quality: {short_label(first.strategy, preset_names())} is "
-            f"{times(chosen / first.time_ms)} faster ({duration(first.time_ms)}) but {cost}{missing}."]
+    worst = first.get("worst_dataset")
+    cost = (shortfall_words(first.worst_dataset_gain, first.worst_dataset_best, worst)
+            if isinstance(worst, str) and math.isfinite(first.worst_shortfall) and first.worst_shortfall > 0
+            else "it falls short of the best held-out gain")
+    missing = " and it did not run on every dataset" if not first.eligible else ""
+    faster = f"{times(chosen / first.time_ms)} faster" if chosen else "faster"
+    return [f"{_regime(rec)}, when time matters more than quality: {short_label(first.strategy, preset_names())} is "
+            f"{faster} ({duration(first.time_ms)}), but {cost}{missing}."]
 
 
 def _ended_at(method: str, final: float, change) -> str:
@@ -186,13 +216,16 @@ def _ablation_statements(frame: pd.DataFrame) -> list[str]:
     if pairs.empty:
         return []
     checked = negligible_changes(pairs)
+    # The regimes the pairs come from: a change that does not matter there may matter elsewhere.
+    where = " and ".join(Regime.parse(k).describe() for k in dict.fromkeys(pairs.regime.dropna())) or "all runs"
     out = []
     neither = checked[checked.same_quality & checked.same_time]
     if len(neither):
-        out.append(f"the {' and the '.join(_change(c) for c in neither.index)}: neither quality nor time changes.")
+        out.append(f"{where}: the {' and the '.join(_change(c) for c in neither.index)}: neither quality nor time "
+                   "changes.")
     time_only = checked[checked.same_quality & ~checked.same_time]
     if len(time_only):
-        out.append("only the time, not the quality, changes with the "
+        out.append(f"{where}: only the time, not the quality, changes with the "
                    + "; the ".join(_change(c, f"time ×{r.time:.2g}") for c, r in time_only.iterrows()) + ".")
     return out
 
@@ -216,21 +249,30 @@ def _training_settings(section: TrainingSection) -> list[str]:
     return out
 
 
-def advice_section(frame: pd.DataFrame | None, rec: Recommendation | None, error: str | None,
-                   training: TrainingSection | None) -> Section:
-    """The opening advice of the report.
+def advice_section(frame: pd.DataFrame | None, recs: dict[str, Recommendation] | Recommendation | None,
+                   error: str | None, training: TrainingSection | None) -> Section:
+    """The opening advice of the report: every statement names the regime (or the training setting) it is for.
 
     Parameters
     ----------
     frame : pandas.DataFrame or None
         The growth sweep's runs; None when the database has only training runs.
-    rec, error : Recommendation or None, str or None
-        The recommendation, or why there is none.
+    recs : dict of str to Recommendation, Recommendation or None
+        Every regime's recommendation (``{regime key: Recommendation}``; one alone counts for its regime).
+    error : str or None
+        Why there is no recommendation, when there is none.
     training : TrainingSection or None
         The training section, when the database has training runs.
     """
-    items = [_use(rec, error)] if frame is not None else []
-    prefer = [*(_quality_exceptions(rec) + _faster(rec) if rec is not None and rec.spec is not None else []),
+    if isinstance(recs, Recommendation):
+        recs = {recs.regime or "": recs}
+    recs = recs or {}
+    items = [_use(rec) for rec in recs.values()] if frame is not None else []
+    if frame is not None and not recs:
+        items.append(Bullet((Span("Use", "strong"), f": no recommendation ({error or 'no growth strategy is eligible'})"
+                                                    ".")))
+    chosen = [rec for rec in recs.values() if rec.spec is not None]
+    prefer = [*(line for rec in chosen for line in _quality_exceptions(rec) + _faster(rec)),
               *(_training_exceptions(training) if training is not None else [])]
     if prefer:
         items.append(Bullet((Span("Prefer something else", "strong"), ":"), tuple(prefer)))
@@ -239,6 +281,6 @@ def advice_section(frame: pd.DataFrame | None, rec: Recommendation | None, error
             *([NEGLIGIBLE_RULE] if changes else [])]
     if moot:
         items.append(Bullet((Span("What does not matter", "strong"), ":"), tuple(moot)))
-    intro = Paragraph.of("What the data below say, in short; every number is a median, explained in the "
-                         "sections that follow.")
+    intro = Paragraph.of("What the data below say, in short, regime by regime (device × width d_e); every number is "
+                         "a median, explained in the sections that follow.")
     return Section(TITLE, [intro, Bullets(items)], anchor="advice")

@@ -13,6 +13,10 @@ Writes, under ``out``:
   "Growth during training" in both reports;
 - ``.growbench-report.json``: the list of these files (:mod:`harness.report.output`).
 
+The page opens with one plain answer per kind of data (:mod:`harness.report.answers`), then what to use per
+regime, the advice and the evidence. Successful runs without a usable time are left out of the figures of time,
+with a note in the database section (:func:`untimed_note`).
+
 Every file is built in memory and written only once the whole report is: atomically, never through a
 symlink (one in the folder is refused before anything is written). The files an earlier report wrote
 and this one does not are removed, and said on stderr; no other file in the folder is touched.
@@ -24,6 +28,7 @@ training section alone. Both pages render one :class:`~harness.report.sections.R
 
 from __future__ import annotations
 
+import inspect
 import shlex
 import sys
 import traceback
@@ -33,8 +38,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from growbench.harness.recommend import NoResults, Recommendation, load_frame, primary_regime, recommend_regimes
 from growbench.harness.report.advice import advice_section
+from growbench.harness.report.answers import answers_section
 from growbench.harness.report.figures.ablation import ablation
 from growbench.harness.report.figures.base import FigureResult, not_drawn
 from growbench.harness.report.figures.formula import formula_convergence
@@ -69,11 +74,16 @@ from growbench.harness.report.training import (
     training_link,
     training_sections,
 )
+from growbench.harness.rule.choice import Recommendation, primary_regime, recommend_regimes
+from growbench.harness.rule.loading import NoResults, load_frame, untimed
 from growbench.harness.store.dbfile import DatabaseFileError
 
 # The growth sweep's figures after the Pareto front (which also needs the recommendation), in report order.
 SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], FigureResult], ...] = (
     generalisation, statistics_tokens, ablation, breakdown, scaling, formula_convergence, loss_along_lambda, devices)
+# The figures that show time alone: runs without a time (untimed) are left out of them. The ablation keeps them: a
+# pair with a time on one side only still shows its quality effects.
+TIMING_FIGURES = ("pareto", "breakdown", "scaling", "devices")
 
 
 def _failed(what: str, error: Exception) -> None:
@@ -106,16 +116,31 @@ def _sweep_figures(frame: pd.DataFrame, recs: dict[str, Recommendation], files: 
     def front(f: pd.DataFrame) -> FigureResult:
         return pareto(f, regimes=recs)  # each panel stars its own regime's choice
 
+    timed = frame[~untimed(frame)]
     results = []
     for name, make in (("pareto", front), *((m.__name__, m) for m in SWEEP_FIGURES)):
+        runs = timed if name in TIMING_FIGURES else frame
+        # A figure that marks the default takes the recommendations: each panel marks its own regime's choice.
+        marks = "regimes" in inspect.signature(make).parameters
         try:
-            result = make(frame)
+            result = make(runs, regimes=recs) if marks else make(runs)
+            files.add_figure(result, svg)  # drawing happens here: a failure to draw is this figure's alone too
         except Exception as e:  # noqa: BLE001 - one figure's failure must not lose the report
             _failed(f"figure {name}", e)
             result = not_drawn(name, e)
-        files.add_figure(result, svg)
         results.append(result)
     return results
+
+
+def untimed_note(frame: pd.DataFrame) -> str:
+    """What the report does with successful runs without a time, or "" when every run has one."""
+    n = int(untimed(frame).sum())
+    if not n:
+        return ""
+    ok = int((frame.status == "ok").sum())
+    return (f"{n} of {ok} successful runs have no usable time (t_total missing, infinite or not positive): they are "
+            "left out of the figures of time (Pareto front, time breakdown, scaling, CPU against GPU) and of the "
+            "times the rule and the tables compare; their held-out and batch measures count as any run's.")
 
 
 def _done(files: ReportFiles, report: Report, figures: list[FigureResult], notes: list[str]) -> dict:
@@ -138,7 +163,7 @@ def _training_only(db, files: ReportFiles, svg: bool, command: str, sweep_error:
         files.add_figure(r, svg)
     report = Report("growbench report", f"{train_command}\n{command}" if train_command else command,
                     datetime.now(UTC).isoformat(timespec="seconds"), training_sections(training),
-                    advice=advice_section(None, None, None, training), source=str(db),
+                    advice=advice_section(None, {}, None, training), source=str(db),
                     preamble=[Paragraph.of(f"No growth-sweep section: {sweep_error}.", style="note")])
     return _done(files, report, training.figures, [])
 
@@ -159,7 +184,7 @@ def _database(frame: pd.DataFrame, db, training: TrainingSection | None) -> Sect
     """The database section: its facts, the timing noise, and the training runs it also holds."""
     facts = database_facts(frame, str(db))
     facts["timing noise"] = timing_reliability(frame)
-    extra = []
+    extra: list = [Paragraph.of(note, style="note")] if (note := untimed_note(frame)) else []
     if training:
         facts["training runs"] = (f"{training.facts['training runs']} ({training.facts['ok']} ok, "
                                   f"{training.facts['failed']} failed): see {TRAINING_TITLE}")
@@ -222,6 +247,6 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
                 *(figure_section(r) for r in results), summary_section(summary), failed_section(failed_runs(frame)),
                 *(training_sections(training) if training else [])]
     report = Report("growbench ablation report", command, datetime.now(UTC).isoformat(timespec="seconds"), sections,
-                    advice=advice_section(frame, rec, rec_error, training), preamble=[Paragraph.of(NAMING)],
-                    lead=[what_to_use_section(recs, rec_error)])
+                    advice=advice_section(frame, recs, rec_error, training), preamble=[Paragraph.of(NAMING)],
+                    lead=[s for s in (answers_section(recs), what_to_use_section(recs, rec_error)) if s])
     return _done(files, report, results + train_figures, notes)

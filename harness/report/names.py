@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from growbench import strategies
-from growbench.harness.recommend import preset_names, stored_spec
+from growbench.harness.rule.loading import preset_names, stored_spec
 
 NAMING = ("Strategy names: specs are averaging/inverse/truncation[+metric]/line_search[+holdout][+shrink][+damp]"
           ":method; presets go by their names from strategies.presets(); in figures, default[x] is the default with "

@@ -26,8 +26,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from growbench.harness.files import OutputFileError, csv_text, replace_file
-from growbench.harness.recommend import Recommendation
 from growbench.harness.report.figures.base import FigureResult
+from growbench.harness.rule.choice import Recommendation
+from growbench.harness.rule.default_file import database_label
 
 MANIFEST = ".growbench-report.json"
 FIGURES = "figures"
@@ -185,10 +186,12 @@ class ReportFiles:
 
 def recommendation_json(recs: dict[str, Recommendation], error: str | None, db: str) -> str:
     """``recommendation.json``: per regime, the recommendation with its table and reference configurations
-    (the shape of ``strategies/default.json``, plus the tables), or the error."""
+    (the shape of ``strategies/default.json``, plus the tables), or the error. The database is named as in
+    ``default.json``, by its file name (:func:`harness.rule.default_file.database_label`): the same on every machine."""
     if not recs:
         data = {"regimes": {}, "error": error}
     else:
+        db = database_label(db)
         data = {"rule": next(iter(recs.values())).rule, "regimes": {}, "db": db}
         for key, rec in recs.items():
             entry = rec.as_json(db)

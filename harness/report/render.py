@@ -18,6 +18,7 @@ import re
 import urllib.parse
 
 import jinja2
+import markupsafe
 
 from growbench.harness.report.sections import Report
 
@@ -71,13 +72,55 @@ def markdown_anchor(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
 
 
+#: Where a spec (``gram/ridge/full+metric/normal+holdout:bracket``) or a dataset with options
+#: (``minilm-recovery:layer=4:head=7``) may wrap: after a ``/``, ``+`` or ``:`` between two parts of a name. A word
+#: character (or a closing bracket) before it and a letter after it keep signs (``+0.66``), ``</`` and ``: `` out.
+_JOINT = re.compile(r"(?<=[\w\])])([/+:])(?=[A-Za-z_])")
+#: A run of text without spaces, as HTML-escaped text holds it.
+_WORD = re.compile(r"[^\s]+")
+
+
+def has_joints(text: object) -> bool:
+    """Whether ``text`` holds a name that :func:`html_breakable` lets wrap (a spec, a dataset with options)."""
+    return bool(_JOINT.search("" if text is None else str(text)))
+
+
+def html_breakable(text: object) -> markupsafe.Markup:
+    """``text`` HTML-escaped, each spec-like word wrapping only after its ``/``, ``+`` and ``:``.
+
+    The parts of such a word go in ``<span class="nw">`` (no wrap inside) with ``<wbr>`` between them, so that a
+    narrow window breaks ``gram/ridge/full+metric/normal+holdout:bracket`` into whole components, never inside
+    one (``normal+hol|dout``) nor after a hyphen (``mean-|input``); copied, the text is unchanged.
+    """
+    escaped = str(markupsafe.escape("" if text is None else text))
+
+    def split(word: re.Match) -> str:
+        parts = _JOINT.split(word.group(0))
+        if len(parts) == 1:
+            return word.group(0)
+        # split() keeps the joints at odd places: each part ends with the joint that follows it.
+        pieces = [parts[i] + (parts[i + 1] if i + 1 < len(parts) else "") for i in range(0, len(parts), 2)]
+        return "<wbr>".join(f'<span class="nw">{piece}</span>' for piece in pieces if piece)
+
+    return markupsafe.Markup(_WORD.sub(split, escaped))
+
+
+def html_header(text: object) -> markupsafe.Markup:
+    """A table header HTML-escaped, which may wrap after each ``_`` (``line_search_ms``), ``/``, ``+`` and ``:``
+    besides its spaces: a column's header must not make it wider than its numbers."""
+    escaped = str(markupsafe.escape("" if text is None else text))
+    return markupsafe.Markup(_JOINT.sub(r"\1<wbr>", escaped).replace("_", "_<wbr>"))
+
+
 def base64_text(data: bytes) -> str:
     """``data`` as base64 text (a PNG embedded in the HTML page)."""
     return base64.b64encode(data).decode("ascii")
 
 
 ENVIRONMENT.filters.update(md=markdown_text, md_code=markdown_code, md_link=markdown_link, md_fence=markdown_fence,
-                           md_anchor=markdown_anchor, b64=base64_text)
+                           md_anchor=markdown_anchor, b64=base64_text, wrap=html_breakable,
+                           header=html_header)
+ENVIRONMENT.tests.update(joints=has_joints)
 
 
 def render_html(report: Report) -> str:

@@ -11,22 +11,14 @@ from dataclasses import fields
 import pandas as pd
 
 from growbench.harness.measure import RunConfig
-from growbench.harness.recommend import (
-    CELL_COLUMNS,
-    DIAGNOSTICS,
-    GENERALISES,
-    QUALITY_NAMES,
-    TIME_TOLERANCE,
-    Recommendation,
-    is_growth,
-    label,
-    preset_names,
-    rank_note,
-    rule_in_brief,
-    what_to_use,
-)
 from growbench.harness.report.sections import Block, Facts, Link, Paragraph, Section, Span, Table
 from growbench.harness.report.wording import distinct, duration, finished_range, first_line
+from growbench.harness.rule.choice import Recommendation
+from growbench.harness.rule.console import rank_note, what_to_use
+from growbench.harness.rule.loading import is_growth, label, preset_names
+from growbench.harness.rule.parameters import DIAGNOSTICS, GENERALISES, QUALITY_NAMES, TIME_TOLERANCE
+from growbench.harness.rule.reference import CELL_COLUMNS
+from growbench.harness.rule.wording import rule_in_brief
 from growbench.harness.runner.sweep import expand, summary, sweep_presets
 from growbench.strategies.regimes import Regime, all_regimes
 from growbench.strategies.spec import default_specs
@@ -140,6 +132,11 @@ def evidence_table(rec: Recommendation) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: The columns of :func:`evidence_table` the rule decides on; the others are the step's diagnostics.
+DECISION_COLUMNS = ("dataset", "held-out gain (%)", "95% interval", "lowers beyond noise", "best (%)",
+                    "difference to best (%)", "within", "shortfall resolvable (80% power)")
+
+
 def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> Section:
     """The page's lead: per regime, the strategy to use, whether growth generalises there, its cost and held-out
     gain, and the runner-up with its reason.
@@ -156,9 +153,11 @@ def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> S
         for up, why in zip(table.runner_up, table.runner_up_reason, strict=True)]
     table["heldout_gain"] = 100 * table.heldout_gain
     table["time_ms"] = table.time_ms.map(duration)
-    table = table.drop(columns=["runner_up", "runner_up_reason", "datasets"]).rename(columns={
-        "time_ms": "time", "x_floor": "× floor", "heldout_gain": "held-out gain (%)",
-        **{q: QUALITY_NAMES[q] for q in DIAGNOSTICS}})
+    # What a reader picks by: the choice, its verdict, cost and held-out gain. The step's diagnostics (× floor,
+    # optimality, path efficiency, batch gain) are in each regime's evidence: here they pushed the table past the
+    # width of a laptop's window, and the runner-up's reason out of sight.
+    table = table[["regime", "spec", "verdict", "time_ms", "heldout_gain", "seeds", "runner-up: why it lost"]].rename(
+        columns={"time_ms": "time", "heldout_gain": "held-out gain (%)"})
     missing = [r for r in all_regimes() if r.key not in recs]
     blocks: list[Block] = [
         Paragraph.of("Use ", Span('strategies.make("default")', "code"), ": it runs, per regime of its inputs "
@@ -166,11 +165,10 @@ def what_to_use_section(recs: dict[str, Recommendation], error: str | None) -> S
                      Link("the recommendation", "recommendation", recommendation_title(next(iter(recs.values())))),
                      f" (the fastest strategy that {rule_in_brief()}). The held-out gain is the held-out loss "
                      "decrease as a share of the held-out loss before the growth, on test batches the step never "
-                     "saw (median over the regime's datasets of the mean over seeds); optimality, path efficiency "
-                     "and the batch gain are diagnostics of the step on the batches it was fitted to."),
-        Table(table.drop(columns="fallback"), wide=("runner-up: why it lost",),
-              formats={"× floor": ".3g", "held-out gain (%)": "+.3g",
-                       **{QUALITY_NAMES[q]: ".3g" for q in DIAGNOSTICS}}),
+                     "saw (median over the regime's datasets of the mean over seeds); each regime's evidence below "
+                     "adds the step's diagnostics on the batches it was fitted to (optimality, path efficiency, "
+                     "batch gain)."),
+        Table(table, wide=("runner-up: why it lost",), formats={"held-out gain (%)": "+.3g"}),
     ]
     for key, rec in recs.items():
         if rec.verdict != GENERALISES:
@@ -200,7 +198,7 @@ def _choice(rec: Recommendation) -> Paragraph:
         parts += [" (preset ", Span(names[rec.spec], "strong"), ")"]
     if rec.fallback:
         parts += [" — ", Span(f"fallback: {rec.verdict}", "em")]
-    parts.append(f", median time {rec.evidence['median_time_ms']:.3g} ms. {rec.statement}")
+    parts.append(f", median time {duration(rec.evidence['median_time_ms'])}. {rec.statement}")
     return Paragraph.of(*parts, style="choice")
 
 
@@ -240,9 +238,12 @@ def recommendation_sections(rec: Recommendation | None, error: str | None, ancho
     blocks.append(Paragraph.of(*cells, "."))
     sections = [Section(title, blocks, anchor=anchor)]
     if rec.spec is not None:
-        sections.append(Section("Evidence (held-out gain over seeds, diagnostics as medians)",
-                                [Table(evidence_table(rec), formats={"held-out gain (%)": "+.3g"})], level=3,
-                                folded="the choice against the best, per dataset"))
+        # Two tables, so that each fits a laptop's window: what the rule decides on, then the step's diagnostics.
+        evidence = evidence_table(rec)
+        sections.append(Section("Evidence (held-out gain over seeds, diagnostics as medians)", [
+            Table(evidence[list(DECISION_COLUMNS)], formats={"held-out gain (%)": "+.3g"}, wide=("best (%)",)),
+            Table(evidence[["dataset", *(c for c in evidence.columns if c not in DECISION_COLUMNS)]])],
+            level=3, folded="the choice against the best, per dataset"))
     runners_up = rec.runners_up[["rank", "strategy", "preset", "time_ms", "x_floor", "reason"]].rename(
         columns={"time_ms": "median time", "x_floor": "× floor"})
     runners_up["median time"] = runners_up["median time"].map(duration)

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from growbench.harness.recommend import Paired
 from growbench.harness.report.train_runs import (
     BASELINES,
     COMPARISONS,
@@ -35,6 +34,7 @@ from growbench.harness.report.train_runs import (
     training_table,
 )
 from growbench.harness.report.wording import four_digits, plural, ratio, three_digits
+from growbench.harness.rule.paired import Paired
 
 #: Target (a): the FLOPs at which default growth first reaches fixed-large's final held-out loss, as a share of
 #: fixed-large's total FLOPs, at most this.

@@ -6,7 +6,9 @@ sweep keeps everything it finished and resumes from there.
 
 A run that kills its worker process (a segfault, the out-of-memory killer) or outlives
 ``run_timeout`` becomes a ``failed`` row naming it, written here like any other failure:
-the other runs go on, and ``resume`` skips it unless asked to retry failures.
+the other runs go on, and ``resume`` skips it unless asked to retry failures. A run done in
+this process (``jobs == 1``) that calls ``sys.exit`` or ``os._exit`` is stopped there and
+fails the same way (:func:`in_this_process`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, TimeoutError, as_completed
 from functools import partial
 from typing import Any
@@ -25,10 +27,21 @@ from typing import Any
 import pandas as pd
 import torch
 from pebble import ProcessExpired, ProcessPool
-from tqdm.auto import tqdm
 
-from growbench.harness.env import DEFAULT_THREADS, code_version, config_key, environment, now
+from growbench.harness.env import (
+    DEFAULT_THREADS,
+    code_version,
+    config_key,
+    environment,
+    exit_message,
+    exits_contained,
+    now,
+    pin_code_version,
+)
+from growbench.harness.locks import waited
 from growbench.harness.plugins import import_modules
+from growbench.harness.runner.cost import cost_class
+from growbench.harness.runner.progress import Bar, Estimate
 from growbench.harness.store.base import RunStore
 from growbench.harness.validate import ConfigError, check_float
 from growbench.strategies.registry import outside_modules
@@ -47,7 +60,7 @@ POOL_ATTEMPTS = 3
 def run_pending(db: RunStore, configs: list, run: RunFunction, *, jobs: int = 1, threads: int = DEFAULT_THREADS,
                 resume: bool = False, retry_failed: bool = False, progress: bool = True, backend: str = "joblib",
                 scheduler: str | None = None, what: str = "runs", run_timeout: float | None = None,
-                cost: CostFunction | None = None) -> pd.DataFrame:
+                cost: CostFunction | None = None, group: Callable[[dict], Hashable] | None = None) -> pd.DataFrame:
     """Run what :func:`pending` leaves to do, store each run in ``db`` as it finishes; return this sweep's rows.
 
     Parameters
@@ -74,8 +87,12 @@ def run_pending(db: RunStore, configs: list, run: RunFunction, *, jobs: int = 1,
         stored as failed; default no limit. Runs then go to worker processes even with ``jobs == 1``
         (a run in this process cannot be stopped).
     cost : CostFunction, optional
-        Each run's relative cost, which weights the progress bar's estimate of the time left
-        (e.g. :func:`harness.runner.cost.sweep_cost`); default every run costs the same.
+        Each run's prior cost, which the progress bar's estimate of the time left calibrates by the
+        runs that finish, per dataset (:class:`harness.runner.progress.Estimate`; e.g.
+        :func:`harness.runner.cost.sweep_cost`); default every run costs the same.
+    group : callable, optional
+        ``group(config)``: runs that share work their group's first run does for the others (a sweep's
+        site, :func:`harness.runner.sweep.site_of`); the estimate calibrates first runs apart. Default none.
 
     Returns
     -------
@@ -94,9 +111,14 @@ def run_pending(db: RunStore, configs: list, run: RunFunction, *, jobs: int = 1,
     configs, todo, version = pending(configs, db, resume, retry_failed, what)
     todo = [c.as_dict() for c in todo]
     cost = cost or _same_cost
+    # Runs go to the workers in this order, first in, first out: the estimate's model of when each starts.
+    workers = jobs if backend == "joblib" else (jobs if scheduler else os.cpu_count() or 1)
+    estimate = Estimate([cost(c) for c in todo], [cost_class(c) for c in todo], workers,
+                        groups=[group(c) for c in todo] if group else None)
+    order = {config_key(c, version): i for i, c in enumerate(todo)}
     rows = finished(run, todo, jobs, threads, backend, scheduler, run_timeout)
     try:
-        store_as_finished(db, rows, sum(cost(c) for c in todo), progress, cost=cost)
+        store_as_finished(db, rows, estimate, order, progress, what)
     finally:
         rows.close()  # an interrupted sweep stops its workers now, not when the generator is collected
     keys = {c.key(version) for c in configs}
@@ -175,18 +197,54 @@ def in_workers(run: RunFunction, todo: list[dict], jobs: int, threads: int = DEF
                run_timeout: float | None = None) -> Iterator[dict]:
     """``run(config, threads=threads)`` for each config, here or in worker processes; rows as they finish.
 
-    Here when ``jobs == 1`` and there is no ``run_timeout`` (a run that crashes this process
-    then ends the sweep); otherwise in ``jobs`` worker processes (:func:`in_processes`),
-    where a run that kills its worker or outlives ``run_timeout`` becomes a failed row.
+    Here when ``jobs == 1`` and there is no ``run_timeout`` (:func:`in_this_process`: a run
+    that calls ``sys.exit`` or ``os._exit`` fails, one that crashes this process ends the
+    sweep); otherwise in ``jobs`` worker processes (:func:`in_processes`), where a run that
+    kills its worker or outlives ``run_timeout`` becomes a failed row. In this process, a
+    debugger, a profiler and a test's patches reach the runs, and no worker starts.
     ``threads`` is the torch thread count of each run, in this process or in each worker:
     one by default, since at these sizes a worker's extra threads only fight the other
     workers (and other users of the machine) for the same cores.
     """
     if jobs == 1 and run_timeout is None:
         for c in todo:
-            yield run(c, threads=threads)
+            yield in_this_process(run, c, threads)
         return
     yield from in_processes(run, todo, jobs, threads, run_timeout)
+
+
+def in_this_process(run: RunFunction, config: dict, threads: int) -> dict:
+    """``run(config, threads=threads)`` here; a run that tries to end this process is stopped and fails instead.
+
+    ``sys.exit`` and ``os._exit`` in a run (:func:`harness.env.exits_contained`) would end the sweep
+    without a word and with the run's exit status; they become the run's failed row, naming it, and
+    the sweep goes on. A crash of the process itself (a segfault) cannot be caught here: worker
+    processes (``--jobs 2``, or ``--run-timeout``) survive that too.
+    """
+    start = time.perf_counter(), waited()
+    try:
+        with exits_contained():
+            row = run(config, threads=threads)
+    except SystemExit as e:  # a run function that does not record its own failures (harness.env.recorded does)
+        row = lost_row(config, f"{exit_message(e)} ({describe(config)})", threads)
+    return timed(row, start)
+
+
+#: The key of a row that holds the seconds its run took in its worker: for the progress bar, not stored (the store
+#: writes its table's columns only).
+SECONDS = "_seconds"
+
+
+def timed(row: dict, start: tuple[float, float]) -> dict:
+    """``row`` with the seconds its run took under :data:`SECONDS`.
+
+    ``start`` is ``(time.perf_counter(), harness.locks.waited())`` when the run started: the seconds
+    it waited for a site's lock are left out, since another run was doing that work (the bar counts
+    the time workers spend waiting apart, :class:`harness.runner.progress.Estimate`).
+    """
+    if isinstance(row, dict):
+        row[SECONDS] = max(0.0, time.perf_counter() - start[0] - (waited() - start[1]))
+    return row
 
 
 def in_processes(run: RunFunction, todo: list[dict], jobs: int, threads: int = DEFAULT_THREADS,
@@ -280,20 +338,26 @@ def describe(config: dict, width: int = 32) -> str:
 
 
 def with_plugins(run: RunFunction) -> RunFunction:
-    """``run``, first importing in its worker the modules that registered outside components here.
+    """``run``, first importing in its worker the modules that registered outside components here, and taking
+    this sweep's code version there.
 
     A worker process starts with the built-in registry only: a component registered from
     outside the repository (:mod:`harness.plugins`) must be registered there too, or its
-    spec would be unknown in the worker.
+    spec would be unknown in the worker. It would also read the source files again for its
+    rows' code version, later than the sweep did (:func:`harness.env.pin_code_version`).
     """
-    return partial(_run_with_plugins, run, tuple(outside_modules()))
+    return partial(_run_with_plugins, run, tuple(outside_modules()), code_version())
 
 
-def _run_with_plugins(run: RunFunction, modules: tuple[str, ...], config: dict, **kwargs) -> dict:
+def _run_with_plugins(run: RunFunction, modules: tuple[str, ...], version: str, config: dict, **kwargs) -> dict:
     # The parent's list already holds every plugin module that registered a component: importing it
     # (a dict lookup after the first run) is enough, without scanning entry points on every run.
     import_modules(modules)
-    return run(config, **kwargs)
+    # The sweep's code version, not one read from the files now: its rows' keys must be the ones it resumes by.
+    pin_code_version(version)
+    # The run's own seconds, measured here: what the sweep sees between two rows also holds the workers' start.
+    start = time.perf_counter(), waited()
+    return timed(run(config, **kwargs), start)
 
 
 #: Modules the server of worker processes imports once, so that a worker (a fork of it) starts without
@@ -343,8 +407,8 @@ def _same_cost(config: dict) -> float:
     return 1.0
 
 
-def store_as_finished(db: RunStore, rows: Iterable[dict], total: float, progress: bool = True,
-                      cost: CostFunction | None = None) -> int:
+def store_as_finished(db: RunStore, rows: Iterable[dict], estimate: Estimate, order: dict[str, int],
+                      progress: bool = True, what: str = "runs") -> int:
     """Write each row to ``db`` as it arrives (one commit per run), with a progress bar; return the failures.
 
     Parameters
@@ -352,28 +416,23 @@ def store_as_finished(db: RunStore, rows: Iterable[dict], total: float, progress
     db : RunStore
     rows : iterable of dict
         Rows in the order the runs finish.
-    total : float
-        The sum of ``cost`` over the runs to come (their number when ``cost`` is None).
+    estimate : Estimate
+        The runs' prior costs in the order they were given to the workers; told of each run as it finishes.
+    order : dict
+        ``{key: position in that order}``: which run a row is.
     progress : bool
-        Show the bar: the share of the expected work done, its estimate of the time left
-        (weighted by ``cost``), the runs done and failed, and the run that just finished.
-    cost : CostFunction, optional
-        A run's relative cost, read from its row (a row holds its configuration's fields); default 1.
+        Show the bar (:class:`harness.runner.progress.Bar`): the share of the expected time done, the
+        runs done and failed, the time elapsed and left, and the run that just finished.
+    what : str
+        What the runs are called on the bar.
     """
-    cost = cost or _same_cost
-    # The bar counts cost, not runs: its own count and rate would be in an arbitrary unit, so it shows the
-    # share done and the time left, and the runs in its postfix.
-    bar = tqdm(total=total, disable=not progress, dynamic_ncols=True,
-               bar_format="{percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}] {desc}")
-    done = failed = 0
+    bar = Bar(estimate, progress, what)
     try:
         for row in rows:
             db.write(row)
-            done += 1
-            failed += row["status"] != "ok"
-            bar.set_description_str(describe(row), refresh=False)
-            bar.set_postfix_str(f"{done} done, {failed} failed", refresh=False)
-            bar.update(cost(row))
+            # A row of an unknown key (a run function's own) is taken for the oldest run in flight.
+            i = order.get(row.get("key"), min(estimate.running, default=-1))
+            bar.finish(i, row.get("status") == "ok", describe(row), row.get(SECONDS))
     finally:
         bar.close()
-    return failed
+    return bar.failed

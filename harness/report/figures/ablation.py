@@ -11,9 +11,11 @@ import pandas as pd
 import seaborn as sns
 
 from growbench import strategies
-from growbench.harness.recommend import CELL_COLUMNS, is_growth, measures, stored_spec
 from growbench.harness.report.figures.base import MAX_WIDTH_IN, FigureResult, bottom_legend, log_axis, plain_text, theme
 from growbench.harness.report.figures.palette import dataset_colors
+from growbench.harness.rule.loading import is_growth, stored_spec
+from growbench.harness.rule.reference import CELL_COLUMNS, measures
+from growbench.strategies.regimes import Regime
 
 TITLE = "Ablation: the paired effect of changing one axis"
 AXIS_TITLES = {"averaging": "averaging", "inverse": "inverse", "truncation": "truncation", "metric": "metric-aware",
@@ -22,7 +24,7 @@ AXIS_TITLES = {"averaging": "averaging", "inverse": "inverse", "truncation": "tr
 #: The axes whose values are on and off (``+metric``, ``+holdout``, ``+shrink``, ``+damp``).
 FLAGS = ("metric", *strategies.Spec.LINE_SEARCH_FLAGS)
 PAIR_KEYS = ("dataset", "seed", *CELL_COLUMNS)
-PAIR_COLUMNS = ["axis", "change", "dataset", "seed", "spec_a", "spec_b", "time_ratio", "raw_time_ratio",
+PAIR_COLUMNS = ["axis", "change", "dataset", "regime", "seed", "spec_a", "spec_b", "time_ratio", "raw_time_ratio",
                 "d_optimality", "d_heldout_pct", "path_a", "path_b", "gain_a", "gain_b"]
 EFFECTS = [("time_ratio", "time ratio after / before\n(of t_total / t_floor; ×, log scale)", 1.0, "time"),
            ("d_optimality", "Δ optimality\n(after − before, unitless)", 0.0, "optimality"),
@@ -61,7 +63,8 @@ def _pair(run_a, spec_a, run_b, spec_b, default) -> dict | None:
     before = run_a.heldout_before if run_a.heldout_before and np.isfinite(run_a.heldout_before) else np.nan
     return dict(
         axis=axis, change=f"{AXIS_TITLES[axis]}: {_value_text(axis, value_a)} → {_value_text(axis, value_b)}",
-        dataset=run_a.dataset, seed=run_a.seed, spec_a=run_a.strategy, spec_b=run_b.strategy,
+        dataset=run_a.dataset, regime=Regime.of(run_a.device, int(run_a.d_e)).key, seed=run_a.seed,
+        spec_a=run_a.strategy, spec_b=run_b.strategy,
         time_ratio=floor_multiple(run_b) / floor_multiple(run_a),
         raw_time_ratio=run_b.t_total / run_a.t_total if run_a.t_total and run_a.t_total > 0 else np.nan,
         d_optimality=run_b.optimality - run_a.optimality,
@@ -114,13 +117,15 @@ def _draw(pairs: pd.DataFrame, changes: list[str]) -> plt.Figure:
     datasets = sorted(pairs.dataset.unique())
     palette = dataset_colors(datasets)
     axis_of = pairs.groupby("change").axis.first()
+    # The legend comes from the first panel with a dot: the time panel is empty when no pair has both times.
+    keyed = next((ax for ax, (col, *_) in zip(axes, EFFECTS, strict=True) if np.isfinite(pairs[col]).any()), axes[0])
     for ax, (col, xlabel, neutral, title) in zip(axes, EFFECTS, strict=True):
         finite = pairs[np.isfinite(pairs[col])]
         sns.stripplot(data=finite, x=col, y="change", hue="dataset", order=changes, hue_order=datasets, palette=palette,
-                      ax=ax, size=5, jitter=0.18, alpha=0.85, legend=ax is axes[0], orient="h")
+                      ax=ax, size=5, jitter=0.18, alpha=0.85, legend=ax is keyed, orient="h")
         med = finite.groupby("change")[col].median().reindex(changes)
         ax.scatter(med.values, range(len(changes)), marker="|", s=400, color="black", lw=2, zorder=5,
-                   label="median over pairs" if ax is axes[0] else None)
+                   label="median over pairs" if ax is keyed else None)
         ax.axvline(neutral, color="black", lw=0.8, ls="--")
         if col == "time_ratio":
             log_axis(ax, "x")
@@ -131,10 +136,11 @@ def _draw(pairs: pd.DataFrame, changes: list[str]) -> plt.Figure:
             if axis_of[changes[i]] != axis_of[changes[i - 1]]:
                 ax.axhline(i - 0.5, color="grey", lw=0.6)
     axes[0].set_yticks(range(len(changes)), [plain_text(c) for c in changes])
-    axes[0].get_legend().remove()
+    if keyed.get_legend() is not None:
+        keyed.get_legend().remove()
     fig.suptitle(TITLE + "\n(before = the default's choice; everything else equal; one dot per pair)",
                  fontweight="bold")
-    bottom_legend(fig, axes[:1], ncol=4, title="dataset")
+    bottom_legend(fig, [keyed], ncol=4, title="dataset")
     return fig
 
 
@@ -148,15 +154,17 @@ def ablation(frame: pd.DataFrame) -> FigureResult:
     summary = ablation_summary(pairs)
     fig = _draw(pairs, list(summary.index))
     biggest_quality = summary.heldout_pct.abs().idxmax()
+    timed = summary.time.notna().any()
     biggest_time = summary.time.map(lambda v: abs(math.log(v)) if v > 0 else 0).idxmax()
     caption = ("Each dot is a pair of runs that differ only in that axis (same dataset, sizes, seed and device), the "
                "bar their median; time ratios compare t_total / t_floor of the two runs, since each run's floor is "
-               "timed between its repeats and cancels slow periods of the machine (the plain t_total ratios have "
-               f"medians {summary.raw_time.min():.2g}–{summary.raw_time.max():.2g}×). "
+               "timed between its repeats and cancels slow periods of the machine"
+               + (f" (the plain t_total ratios have medians {summary.raw_time.min():.2g}–{summary.raw_time.max():.2g}×)"
+                  if timed else "; no pair has a time on both sides, so the time panel is empty") + ". "
                f"Largest effect on the held-out loss decrease: {biggest_quality} "
-               f"({summary.loc[biggest_quality, 'heldout_pct']:+.2g}% of the held-out loss, median over pairs); "
-               f"largest time effect: {biggest_time} "
-               f"(×{summary.loc[biggest_time, 'time']:.2g}).")
+               f"({summary.loc[biggest_quality, 'heldout_pct']:+.2g}% of the held-out loss, median over pairs)"
+               + (f"; largest time effect: {biggest_time} (×{summary.loc[biggest_time, 'time']:.2g})." if timed
+                  else "."))
     table = pd.DataFrame({"change": summary.index, "pairs": summary.pairs.to_numpy(),
                           "time ×": summary.time.to_numpy(), "Δ optimality": summary.optimality.to_numpy(),
                           "Δ held-out decrease (%)": summary.heldout_pct.to_numpy()})

@@ -12,7 +12,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from growbench.harness.recommend import Paired, is_growth, measures, reference_runs, stored_spec
 from growbench.harness.report.figures.base import (
     MAX_WIDTH_IN,
     FigureResult,
@@ -22,7 +21,12 @@ from growbench.harness.report.figures.base import (
     panel_title,
     theme,
 )
+from growbench.harness.report.figures.defaults import DEFAULT_LABEL, dataset_defaults
 from growbench.harness.report.figures.palette import BLACK, BLUE, GREEN, ORANGE, PURPLE, VERMILLION
+from growbench.harness.rule.choice import Recommendation
+from growbench.harness.rule.loading import is_growth, stored_spec
+from growbench.harness.rule.paired import Paired
+from growbench.harness.rule.reference import measures, reference_runs
 
 GENERALISATION_TITLE = "What generalises: held-out gain against batch gain, per component"
 TOKENS_TITLE = "How many statistics tokens does a step need?"
@@ -51,9 +55,18 @@ def _growth_reference(frame: pd.DataFrame) -> pd.DataFrame:
     return ref.assign(**measures(ref)) if len(ref) else ref
 
 
-def generalisation(frame: pd.DataFrame) -> FigureResult:
+def _limits(values: np.ndarray, pad: float = 0.08) -> tuple[float, float]:
+    """Axis limits around ``values`` and 0 (the line that decides), padded; never an empty range."""
+    finite = values[np.isfinite(values)]
+    low, high = min(float(finite.min(initial=0.0)), 0.0), max(float(finite.max(initial=0.0)), 0.0)
+    span = high - low or max(abs(high), 1e-6)
+    return low - pad * span, high + pad * span
+
+
+def generalisation(frame: pd.DataFrame, regimes: dict[str, Recommendation] | None = None) -> FigureResult:
     """Per dataset: each growth strategy's mean held-out gain (with its interval) against its batch gain, coloured by
-    what judges λ and shaped by the inverse."""
+    what judges λ and shaped by the inverse; the regime's default ringed. Each panel is scaled to its own points and
+    intervals (a reference line must not stretch a panel whose points all sit at 0)."""
     theme()
     ref = _growth_reference(frame)
     if ref.empty or ref.heldout_gain.isna().all():
@@ -62,6 +75,7 @@ def generalisation(frame: pd.DataFrame) -> FigureResult:
     data = _summaries(ref, ["dataset", "strategy"])
     specs = {s: stored_spec(s) for s in data.strategy.unique()}
     datasets = sorted(data.dataset.unique())
+    defaults = dataset_defaults(ref, regimes)
     fig, axes = facets(len(datasets), ncols=2, size=(MAX_WIDTH_IN / 2, 4.4))
     for ax, ds in zip(axes, datasets, strict=False):
         at = data[data.dataset == ds]
@@ -75,9 +89,18 @@ def generalisation(frame: pd.DataFrame) -> FigureResult:
                         yerr=[[100 * (r.heldout_gain - r.low)], [100 * (r.high - r.heldout_gain)]],
                         fmt=marker, color=color, mfc=fill, ms=6, alpha=0.85, elinewidth=1, capsize=2,
                         label=f"{label}, {inverse}")
+        mine = at[at.strategy == defaults.get(ds)]
+        if len(mine):
+            ax.scatter(100 * mine.batch_gain, 100 * mine.heldout_gain, s=260, facecolors="none", edgecolors=BLACK,
+                       linewidths=1.8, zorder=6, label=f"{DEFAULT_LABEL} (ringed)")
         ax.axhline(0.0, color=BLACK, lw=0.8)
-        top = 100 * max(at.batch_gain.max(), at.heldout_gain.max(), 1e-6)
-        ax.plot([0, top], [0, top], color=BLACK, lw=0.6, ls=":")
+        x_lim = _limits(100 * at.batch_gain.to_numpy(dtype=float))
+        y_lim = _limits(100 * np.r_[at.heldout_gain, at.low, at.high].astype(float))
+        # The diagonal across the panel only: it shows where held-out = batch, and sets neither axis.
+        ax.plot([min(x_lim[0], y_lim[0]), max(x_lim[1], y_lim[1])], [min(x_lim[0], y_lim[0]), max(x_lim[1], y_lim[1])],
+                color=BLACK, lw=0.6, ls=":", scalex=False, scaley=False)
+        ax.set_xlim(*x_lim)
+        ax.set_ylim(*y_lim)
         ax.set_title(panel_title(ds))
         ax.set_xlabel("batch gain (% of the batch loss; median)")
         ax.set_ylabel("held-out gain (% of the held-out loss)")
@@ -89,7 +112,8 @@ def generalisation(frame: pd.DataFrame) -> FigureResult:
     best = data.loc[data.groupby("dataset").heldout_gain.idxmax()]
     lowering = data[data.low > 0].groupby("dataset").strategy.nunique().reindex(datasets, fill_value=0)
     caption = (
-        "Each point is a growth strategy on one dataset: to the right it lowers the loss of the batches it was fitted "
+        "Each point is a growth strategy on one dataset (ringed: the default of the dataset's regime), each panel "
+        "scaled to its own points: to the right it lowers the loss of the batches it was fitted "
         "to more, up the loss of test batches it never saw; below the dotted line it overfits part of its batch gain, "
         "below 0 it raises the held-out loss, and an interval across 0 is no gain beyond seed noise. Strategies that "
         "lower the held-out loss beyond noise, per dataset: "
@@ -136,8 +160,9 @@ def smallest_enough(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def statistics_tokens(frame: pd.DataFrame) -> FigureResult:
-    """Per dataset: the mean held-out gain (with its interval) against the tokens the statistics were fitted to."""
+def statistics_tokens(frame: pd.DataFrame, regimes: dict[str, Recommendation] | None = None) -> FigureResult:
+    """Per dataset: the mean held-out gain (with its interval) against the tokens the statistics were fitted to; the
+    regime's default drawn thick and named so in the legend."""
     theme()
     runs = tokens_runs(frame)
     if runs.empty:
@@ -147,15 +172,19 @@ def statistics_tokens(frame: pd.DataFrame) -> FigureResult:
     datasets = sorted(data.dataset.unique())
     strategies = sorted(data.strategy.unique())
     colors = dict(zip(strategies, (VERMILLION, BLUE, GREEN, ORANGE, PURPLE, BLACK), strict=False))
+    defaults = dataset_defaults(runs, regimes)
     fig, axes = facets(len(datasets), ncols=2, size=(MAX_WIDTH_IN / 2, 4.2))
     for ax, ds in zip(axes, datasets, strict=False):
         for strategy in strategies:
             at = data[(data.dataset == ds) & (data.strategy == strategy)].sort_values("statistics_tokens")
             if at.empty:
                 continue
+            mine = strategy == defaults.get(ds)
             ax.errorbar(at.statistics_tokens, 100 * at.heldout_gain,
                         yerr=[100 * (at.heldout_gain - at.low), 100 * (at.high - at.heldout_gain)], fmt="o-",
-                        color=colors[strategy], ms=5, capsize=2, lw=1, label=strategy)
+                        color=colors[strategy], ms=7 if mine else 5, capsize=2, lw=2.6 if mine else 1,
+                        mec=BLACK if mine else colors[strategy], zorder=4 if mine else 3,
+                        label=f"{strategy} ({DEFAULT_LABEL})" if mine else strategy)
         ax.axhline(0.0, color=BLACK, lw=0.8)
         log_axis(ax, "x", base=2)
         ax.set_title(panel_title(ds))

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 
 from growbench import strategies
-from growbench.harness.recommend import is_growth, preset_names, reference_runs, stored_spec
 from growbench.harness.report.figures.base import (
     MIN_FONT_PT,
     FigureResult,
@@ -19,9 +18,13 @@ from growbench.harness.report.figures.base import (
     stored_extra,
     theme,
 )
+from growbench.harness.report.figures.defaults import DEFAULT_LABEL, dataset_defaults
 from growbench.harness.report.figures.palette import BLACK, BLUE, VERMILLION
 from growbench.harness.report.names import short_label
 from growbench.harness.report.wording import listing
+from growbench.harness.rule.choice import Recommendation
+from growbench.harness.rule.loading import is_growth, preset_names, stored_spec
+from growbench.harness.rule.reference import reference_runs
 
 TITLE = "Loss along λ and the λ each search chooses"
 PATH_COLORS = {"fast": BLUE, "normal": VERMILLION}
@@ -53,15 +56,17 @@ def _base_spec(ref: pd.DataFrame) -> str | None:
     return sorted(candidates, key=lambda s: (-siblings(s), s != default, s))[0]
 
 
-def lambda_panels(frame: pd.DataFrame) -> tuple[str | None, list[dict]]:
-    """The base spec and, per dataset, its λ curve (lowest seed of the reference runs) and the λ chosen by the
-    runs of that seed that share its direction."""
+def lambda_panels(frame: pd.DataFrame, regimes: dict[str, Recommendation] | None = None
+                  ) -> tuple[str | None, list[dict]]:
+    """The base spec and, per dataset, its λ curve (lowest seed of the reference runs), the λ chosen by the
+    runs of that seed that share its direction, and the default of the dataset's regime."""
     ref = reference_runs(frame)
     ref = ref[ref.strategy.map(is_growth)]
     base = _base_spec(ref) if len(ref) else None
     if base is None:
         return None, []
     base_spec = stored_spec(base)
+    defaults = dataset_defaults(ref, regimes)
     panels = []
     for ds, runs in ref.groupby("dataset", sort=True):
         seed = runs[runs.strategy == base].seed.min()
@@ -75,11 +80,12 @@ def lambda_panels(frame: pd.DataFrame) -> tuple[str | None, list[dict]]:
         for r in same.itertuples():
             spec = stored_spec(r.strategy)
             if _same_direction(spec, base_spec):
-                marks.append(dict(strategy=r.strategy, search=f"{spec.line_search}:{spec.method}",
-                                  line_search=spec.line_search, method=spec.method, lam=r.lam,
-                                  loss_after=r.loss_after, loss_before=r.loss_before))
-        panels.append(dict(dataset=ds, seed=int(seed), curve=curve,
-                           marks=sorted(marks, key=lambda m: (m["line_search"], m["method"]))))
+                # The search with its flags (+holdout, +shrink, +damp) names one run; the glyph, its path and method.
+                marks.append(dict(strategy=r.strategy, search=str(spec).rsplit("/", 1)[1],
+                                  glyph=f"{spec.line_search}:{spec.method}", line_search=spec.line_search,
+                                  method=spec.method, lam=r.lam, loss_after=r.loss_after, loss_before=r.loss_before))
+        panels.append(dict(dataset=ds, seed=int(seed), curve=curve, default=defaults.get(ds),
+                           marks=sorted(marks, key=lambda m: (m["line_search"], m["method"], m["search"]))))
     return base, panels
 
 
@@ -107,10 +113,14 @@ def _draw_panel(ax, panel: dict) -> list[dict]:
         ax.axvline(m["lam"], color=color, lw=0.6, alpha=0.5)
         ax.scatter([m["lam"]], [m["loss_after"] - loss0], marker=METHOD_MARKERS.get(m["method"], OTHER_MARKER), s=55,
                    facecolors=color if m["line_search"] == "fast" else "white", edgecolors=color, zorder=5,
-                   label=f"chosen λ: {plain_text(m['search'])}")
+                   label=f"chosen λ: {plain_text(m['glyph'])}")
+        if m["strategy"] == panel.get("default"):
+            ax.scatter([m["lam"]], [m["loss_after"] - loss0], marker="o", s=240, facecolors="none",
+                       edgecolors=BLACK, linewidths=1.8, zorder=6, label=f"λ of {DEFAULT_LABEL} (ringed)")
     if beyond:
-        ax.text(0.98, 0.96, "beyond the sampled λ:\n" + "\n".join(f"{plain_text(m['search'])} λ={m['lam']:.3g}"
-                                                                  for m in beyond),
+        ax.text(0.98, 0.96, "beyond the sampled λ:\n" + "\n".join(
+                    f"{plain_text(m['search'])}{' (default)' if m['strategy'] == panel.get('default') else ''} "
+                    f"λ={m['lam']:.3g}" for m in beyond),
                 transform=ax.transAxes, ha="right", va="top", fontsize=MIN_FONT_PT,
                 bbox=dict(boxstyle="round", facecolor="white", edgecolor="#bbbbbb"))
     ax.set_title(panel_title(f"{panel['dataset']} (seed {panel['seed']})", width=34))
@@ -135,10 +145,11 @@ def _panel_rows(panel: dict, beyond: list[dict]) -> list[dict]:
     return rows
 
 
-def loss_along_lambda(frame: pd.DataFrame) -> FigureResult:
-    """Actual loss along λ on the fast and normal paths, the tangent, and the λ each search chose."""
+def loss_along_lambda(frame: pd.DataFrame, regimes: dict[str, Recommendation] | None = None) -> FigureResult:
+    """Actual loss along λ on the fast and normal paths, the tangent, and the λ each search chose (the regime's
+    default's ringed, or marked "(default)" when beyond the sampled range)."""
     theme()
-    base, panels = lambda_panels(frame)
+    base, panels = lambda_panels(frame, regimes)
     if not panels:
         return FigureResult("lambda", TITLE, note="No run records the loss along λ (extra.lambda_curve; databases "
                                                   "made before it existed lack it).")
@@ -158,7 +169,7 @@ def loss_along_lambda(frame: pd.DataFrame) -> FigureResult:
     caption = (f"Curves are the loss along λ for {short_label(base, names)}'s direction ({base}) on the fast and "
                "normal paths (the normal one lies above wherever truncation to rank d_k + p loses part of the step) "
                "with the first-order tangent; markers are the λ chosen, and the loss reached, by the runs that "
-               "differ from it only in line search / method. "
+               "differ from it only in line search / method (ringed: the regime's default). "
                f"Every search reaches 95% of the largest decrease on {int(close.sum())} of {len(close)} datasets; the "
                f"normal path still falls at the largest λ sampled on {listing(falling)}, and λ chosen beyond the "
                f"sampled range (named in the panel, not drawn) occur on {listing(off_curve)}.")

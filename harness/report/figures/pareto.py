@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 
 from growbench import strategies
-from growbench.harness.recommend import Recommendation, preset_names, reference_runs, run_regimes
 from growbench.harness.report.figures.base import (
     FigureResult,
     bottom_legend,
@@ -24,7 +23,10 @@ from growbench.harness.report.figures.base import (
 )
 from growbench.harness.report.figures.palette import BLACK, BLUE, GREY, ORANGE, PURPLE, YELLOW
 from growbench.harness.report.names import category, short_label
-from growbench.harness.report.wording import listing, plural, times
+from growbench.harness.report.wording import duration, listing, plural, times
+from growbench.harness.rule.choice import Recommendation
+from growbench.harness.rule.loading import preset_names
+from growbench.harness.rule.reference import reference_runs, run_regimes
 from growbench.strategies.regimes import Regime, all_regimes
 
 TITLE = "Speed against batch optimality (Pareto front; a diagnostic)"
@@ -203,17 +205,22 @@ def _numbers(points: pd.DataFrame, fronts: dict[str, list[str]], star_of: Callab
         at_dataset = at_dataset.set_index("strategy")
         star = star_of(at_dataset.regime.iloc[0])
         have = star.spec in at_dataset.index
+        # One column per strategy, its time and optimality together: a column each made the table twice a laptop's
+        # window wide.
         row = {"dataset": ds, "Pareto front, fastest first": listing([short_label(s, names) for s in fronts[ds]]),
                "★ recommended": short_label(star.spec, names) if have else "",
-               "★ (ms)": at_dataset.loc[star.spec, "time"] if have else math.nan,
-               "★ optimality": at_dataset.loc[star.spec, "optimality"] if have else math.nan}
+               "★ time, optimality": _point_text(at_dataset, star.spec if have else None)}
         for spec in compared:
-            name = short_label(spec, names)
-            have = spec in at_dataset.index
-            row[f"{name} (ms)"] = at_dataset.loc[spec, "time"] if have else math.nan
-            row[f"{name} optimality"] = at_dataset.loc[spec, "optimality"] if have else math.nan
+            row[f"{short_label(spec, names)}: time, optimality"] = _point_text(at_dataset, spec)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _point_text(at_dataset: pd.DataFrame, spec: str | None) -> str:
+    """``9.25 ms, 0.985``: a strategy's median time and optimality on one dataset ("" when it did not run there)."""
+    if spec is None or spec not in at_dataset.index:
+        return ""
+    return f"{duration(at_dataset.loc[spec, 'time'])}, {at_dataset.loc[spec, 'optimality']:.3g}"
 
 
 def pareto(frame: pd.DataFrame, recommended: str | None = None, fallback: bool = False, *,

@@ -19,7 +19,7 @@ from growbench.harness.report.figures.base import (
     si_ticks,
     theme,
 )
-from growbench.harness.report.figures.palette import BLACK, BLUE, GREY, HUES, ORANGE, shades
+from growbench.harness.report.figures.palette import BLACK, BLUE, GREEN, GREY, HUES, ORANGE, PURPLE, shades
 from growbench.harness.report.train_runs import (
     BASELINES,
     COMPARISONS,
@@ -41,10 +41,11 @@ REFERENCE_STYLES = {"default": dict(color=BLACK, ls="--", lw=2.2),
 PANEL_TITLE_WIDTH = 40
 # The most variants one panel of the variants figure shows (the references aside): more are not told apart.
 MAX_SERIES = 5
-# The methods' families: default growth alone, the baselines together, the fixed sizes together.
-METHOD_FAMILIES = {"default": "default", **dict.fromkeys(BASELINES, "baselines"),
-                   "fixed-small": "fixed", "fixed-large": "fixed"}
-METHOD_HUES = {"default": BLUE, "baselines": ORANGE, "fixed": BLACK}
+# The methods' families: default growth alone, each baseline alone, the fixed sizes together (shades of black,
+# dashed). The baselines were once shades of one warm hue: random, zero and gradmax, whose curves often lie on one
+# another, could not be told apart; each now has a hue of its own, far from the default's blue and from each other.
+METHOD_FAMILIES = {"default": "default", **{b: b for b in BASELINES}, "fixed-small": "fixed", "fixed-large": "fixed"}
+METHOD_HUES = {"default": BLUE, "random": ORANGE, "zero": GREEN, "gradmax": PURPLE, "fixed": BLACK}
 # Beyond this ratio of largest to smallest positive value an axis is drawn on a log scale.
 LOG_Y_RATIO, LOG_X_RATIO = 10, 100
 
