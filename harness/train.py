@@ -7,7 +7,9 @@ each head below ``d_k_max`` is grown with the run's method. Methods:
 
 - a growth strategy (spec or preset, e.g. ``default``) or a baseline (``random``,
   ``zero``, ``gradmax``);
-- ``fixed-small``: ``d_k0`` throughout; ``fixed-large``: ``d_k_max`` from scratch.
+- ``fixed-small``: ``d_k0`` throughout; ``fixed-large``: ``d_k_max`` from scratch (on a dataset whose
+  ``fixed_large_from_narrowed`` is set, the decoder's: its ``d_k0`` start widened by small random
+  columns, :func:`widen_at_random`, so that it starts from the information growth has).
 
 A growth step costs one extra forward/backward on ``stats_batches`` train batches with
 capture (not used for an optimiser step), the statistics, the strategy's step and the
@@ -264,6 +266,18 @@ def starved(model, caps: list[BatchCapture], head: int) -> float:
     return metrics.quality(Gs[head], Xa, dZ, mask)["optimality"]
 
 
+def widen_at_random(block, d_k: int, seed: int) -> None:
+    """Widen every head of ``block`` to ``d_k`` with small random columns: fixed-large's start from the narrowed
+    heads, with the same information as growth has (each new entry ``0.01 ×`` the RMS entry of its factor, as the
+    ``random`` baseline draws them, so the new part of ``Z`` is about ``1e-4`` of the old)."""
+    gen = torch.Generator().manual_seed(seed)
+    for h in range(block.n_heads):
+        W_Q, W_K = block.factors(h)
+        new = [torch.randn(W.shape[0], d_k - W.shape[1], generator=gen, dtype=W.dtype).to(W.device)
+               * 0.01 * float(W.pow(2).mean().sqrt()) for W in (W_Q, W_K)]
+        block.install(h, torch.cat([W_Q, new[0]], 1), torch.cat([W_K, new[1]], 1))
+
+
 # ------------------------------------------------------------------------------ one run
 def _heldout(model, batches) -> float:
     with torch.no_grad():
@@ -375,9 +389,12 @@ def train_run(cfg: TrainConfig, progress=None) -> dict:
     require_device(device)
     torch.manual_seed(cfg.seed)
     ds = make_dataset(cfg.dataset, cfg.d_e, cfg.d_s, cfg.seed).compute_on(device)
-    d_k_start = cfg.d_k_max if cfg.method == "fixed-large" else cfg.d_k0
+    widen = cfg.method == "fixed-large" and ds.fixed_large_from_narrowed
+    d_k_start = cfg.d_k_max if cfg.method == "fixed-large" and not widen else cfg.d_k0
     model = ds.build_model(d_k_start, n_heads=cfg.n_heads, scale_policy=cfg.scale_policy,
                            dtype=getattr(torch, cfg.dtype), device=device)
+    if widen:
+        widen_at_random(model.block, cfg.d_k_max, cfg.seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     strategy = strategies.make(cfg.method) if cfg.grows else None
     heldout = [tuple(t.to(device) for t in ds.batch(cfg.b, "test", i)) for i in range(HELDOUT_BATCHES)]

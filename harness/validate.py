@@ -12,9 +12,9 @@ for a whole sweep):
 
 - sizes are ints ``>= 1`` (``warmup_steps >= 0``, seeds ``>= 0``), and
   ``d_k + p <= d_in``, the width of the input the projections see (``d_e``; ``d_e + 1``
-  for the pretrained MiniLM head, whose input carries a ones column for its biases);
+  for a pretrained head with biases, such as MiniLM's, whose input carries a ones column);
 - the dataset's registry name (inline options ``name:key=value`` allowed) and its option
-  names; the pretrained datasets' fixed sizes by :func:`datasets.minilm.check_sizes`,
+  names; the pretrained datasets' fixed sizes by their classes' ``check_sizes``,
   without loading the model; every other dataset by building it once (memoised) at the
   run's ``d_s`` and at most :data:`PROBE_WIDTH`, so that its own checks (digits' patch
   sizes, text's longest window, options' values) run before any work;
@@ -31,7 +31,6 @@ for a whole sweep):
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 import operator
 from collections.abc import Iterable
@@ -237,22 +236,17 @@ def is_pretrained(spec: str) -> bool:
 
 
 def missing_extra(spec: str) -> str | None:
-    """Why dataset ``spec`` cannot run here, in one line naming the ``real`` extra, or None when it can.
+    """Why dataset ``spec`` cannot run here, in one line naming what to install, or None when it can.
 
     Only a real-model dataset can lack something: ``transformers``, or (unless
-    ``source=random``) the packaged weights.
+    ``source=random``) the packaged weights (:meth:`datasets.pretrained.PretrainedDataset.missing`).
     """
     if not is_pretrained(spec):
         return None
-    from growbench.datasets.minilm import EXTRA_HINT, weights_available
-    from growbench.datasets.registry import parse_dataset
+    from growbench.datasets.registry import DATASETS, parse_dataset
 
     name, options = parse_dataset(spec)
-    if importlib.util.find_spec("transformers") is None:
-        return f"{name} needs transformers: {EXTRA_HINT}"
-    if options.get("source", "pretrained") != "random" and not weights_available():
-        return f"{name} needs the pretrained MiniLM weights: {EXTRA_HINT}"
-    return None
+    return DATASETS[name].missing(options)
 
 
 def runnable_here(configs: list) -> tuple[list, list[str]]:
@@ -265,14 +259,14 @@ def runnable_here(configs: list) -> tuple[list, list[str]]:
 def input_width(spec: str, d_e: int) -> int:
     """``d_in``, the width of the input ``W_Q`` and ``W_K`` act on: ``d_e``, plus the ones column of a
     pretrained head with biases (``models.block.GrowableAttention.d_in`` with ``bias``)."""
-    return d_e + 1 if is_pretrained(spec) else d_e
+    return dataset_class(spec)[0].input_width(d_e) if is_pretrained(spec) else d_e
 
 
 def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int = 0) -> None:
     """Check that dataset ``spec`` accepts these sizes, building it only when that is cheap.
 
-    The pretrained datasets are checked by :func:`datasets.minilm.check_options` and
-    :func:`datasets.minilm.check_sizes` without loading the model; every other dataset is
+    The pretrained datasets are checked by their classes' ``check_options`` and ``check_sizes``
+    (:class:`datasets.pretrained.PretrainedDataset`) without loading the model; every other dataset is
     built once per ``(spec, d_s, min(d_e, PROBE_WIDTH))`` (:func:`_probe`), which runs its
     own checks of ``d_s``, ``d_e`` and of its options' values.
 
@@ -283,17 +277,16 @@ def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int 
     """
     cls, options = dataset_class(spec)
     if is_pretrained(spec):
-        from growbench.datasets.minilm import EXTRA_HINT, check_sizes, weights_available
-
         error = _pretrained_options_error(spec)
         if error:
             raise ConfigError("dataset", error)
         try:
-            check_sizes(cls.name, d_e, d_s, d_k, p)
+            cls.check_sizes(d_e, d_s, d_k, p)
         except ValueError as e:
             raise ConfigError("dataset", str(e)) from None
-        if options.get("source", cls.defaults["source"]) != "random" and not weights_available():
-            raise ConfigError("dataset", f"{cls.name} needs the pretrained MiniLM weights: {EXTRA_HINT}")
+        missing = cls.missing(options)
+        if missing:
+            raise ConfigError("dataset", missing)
         return
     error = _probe(spec, min(d_e, PROBE_WIDTH), d_s)
     if error:
@@ -303,11 +296,9 @@ def check_dataset(spec: str, d_e: int, d_s: int, d_k: int | None = None, p: int 
 @functools.cache
 def _pretrained_options_error(spec: str) -> str:
     """The error message of a pretrained dataset's options (a corpus file is read once per sweep), or ``""``."""
-    from growbench.datasets.minilm import check_options
-
     cls, options = dataset_class(spec)
     try:
-        check_options(cls.name, options)
+        cls.check_options(options)
     except ValueError as e:
         return str(e)
     return ""
@@ -538,12 +529,12 @@ def _check_real_training(c) -> None:
     ------
     ConfigError
     """
-    from growbench.datasets.minilm import NARROW, check_options
-    from growbench.datasets.registry import parse_dataset
+    from growbench.datasets.pretrained import NARROW
 
-    name, options = parse_dataset(c.dataset)
+    cls, options = dataset_class(c.dataset)
+    name = cls.name
     try:
-        check_options(name, options)
+        cls.check_options(options)
     except ValueError as e:
         raise ConfigError("dataset", str(e)) from None
     if c.n_heads != 1:
@@ -558,10 +549,8 @@ def _grown_heads(c) -> int:
     """Heads a training run grows: ``n_heads``, or on the real model the heads its option ``narrow`` picks."""
     if not is_pretrained(c.dataset):
         return c.n_heads
-    from growbench.datasets.minilm import site_count
-    from growbench.datasets.registry import parse_dataset
-
-    return site_count(parse_dataset(c.dataset)[1])
+    cls, options = dataset_class(c.dataset)
+    return cls.site_count(options)
 
 
 # ------------------------------------------------------------------ growbench example

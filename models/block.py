@@ -81,6 +81,48 @@ class CaptureSwitch:
             self._capturing = False
 
 
+class GrowsHeads:
+    """``grow``, shared by every growth site: a head grown from the last captured pass, its new factors installed.
+
+    A site provides ``captured``, ``factors``, ``loss_of_scores``, ``scale``, ``new_scale``, ``d_k`` and
+    ``install`` (the interface of :class:`GrowableAttention`).
+    """
+
+    def grow(self, head: int, strategy: Any, p: int, rest: Callable[[Tensor], Tensor], stats: Any = None) -> Any:
+        """Grow ``head`` by ``p`` with ``strategy`` from the last captured pass.
+
+        Parameters
+        ----------
+        head : int
+            Head to grow; needs a captured forward and backward.
+        strategy : object
+            Has ``grow(W_Q, W_K, Xa, G, *, p, loss_of_scores, scale, new_scale,
+            mask, stats)`` returning an object with ``W_Q``, ``W_K`` of shape
+            (d_in, d_k + p).
+        p : int
+            Number of query/key columns to add.
+        rest : Callable[[Tensor], Tensor]
+            Maps the site's output (a block's ``Y`` (b, d_s, d_e); a pretrained model's last hidden
+            state) to the scalar loss of the captured batch (see ``loss_of_scores``).
+        stats : object, optional
+            Passed through to the strategy (e.g. accumulated statistics).
+
+        Returns
+        -------
+        object
+            The strategy's result, after its factors have been installed.
+        """
+        cap = self.captured(head)
+        W_Q, W_K = self.factors(head)
+        r = strategy.grow(W_Q, W_K, cap.Xa, cap.G, p=p, loss_of_scores=self.loss_of_scores(rest, head),
+                          scale=self.scale(head), new_scale=self.new_scale(head, p), mask=cap.mask, stats=stats)
+        d_new = self.d_k(head) + p
+        if r.W_Q.shape[-1] != d_new or r.W_K.shape[-1] != d_new:
+            raise ValueError(f"strategy returned d_k'={r.W_Q.shape[-1]}/{r.W_K.shape[-1]}, expected d_k + p = {d_new}")
+        self.install(head, r.W_Q, r.W_K)
+        return r
+
+
 class Head(nn.Module):
     """Parameters of one head: ``W_Q``, ``W_K`` (d_in, d_k), ``W_V`` (d_in, d_v)."""
 
@@ -99,7 +141,7 @@ class Head(nn.Module):
             self.register_buffer("c0", c0)
 
 
-class GrowableAttention(CaptureSwitch, nn.Module):
+class GrowableAttention(GrowsHeads, CaptureSwitch, nn.Module):
     """Residual self-attention block with h heads, each with its own growable d_k.
 
     Parameters
@@ -431,56 +473,3 @@ class GrowableAttention(CaptureSwitch, nn.Module):
         h.W_K = nn.Parameter(
             W_K.detach().to(dtype=like.dtype, device=like.device).clone()
         )
-
-    def grow(
-        self,
-        head: int,
-        strategy: Any,
-        p: int,
-        rest: Callable[[Tensor], Tensor],
-        stats: Any = None,
-    ) -> Any:
-        """Grow ``head`` by ``p`` with ``strategy`` from the last captured pass.
-
-        Parameters
-        ----------
-        head : int
-            Head to grow; needs a captured forward and backward.
-        strategy : object
-            Has ``grow(W_Q, W_K, Xa, G, *, p, loss_of_scores, scale, new_scale,
-            mask, stats)`` returning an object with ``W_Q``, ``W_K`` of shape
-            (d_in, d_k + p).
-        p : int
-            Number of query/key columns to add.
-        rest : Callable[[Tensor], Tensor]
-            Maps Y (b, d_s, d_e) to the scalar loss (see ``loss_of_scores``).
-        stats : object, optional
-            Passed through to the strategy (e.g. accumulated statistics).
-
-        Returns
-        -------
-        object
-            The strategy's result, after its factors have been installed.
-        """
-        cap = self.captured(head)
-        W_Q, W_K = self.factors(head)
-        r = strategy.grow(
-            W_Q,
-            W_K,
-            cap.Xa,
-            cap.G,
-            p=p,
-            loss_of_scores=self.loss_of_scores(rest, head),
-            scale=self.scale(head),
-            new_scale=self.new_scale(head, p),
-            mask=cap.mask,
-            stats=stats,
-        )
-        d_new = self.d_k(head) + p
-        if r.W_Q.shape[-1] != d_new or r.W_K.shape[-1] != d_new:
-            raise ValueError(
-                f"strategy returned d_k'={r.W_Q.shape[-1]}/{r.W_K.shape[-1]}, "
-                f"expected d_k + p = {d_new}"
-            )
-        self.install(head, r.W_Q, r.W_K)
-        return r

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from growbench.models.block import Captured, CaptureSwitch, check_new_factors
+from growbench.models.block import Captured, CaptureSwitch, GrowsHeads, check_new_factors
 
 
 def head_factors(attention: nn.Module, head: int) -> tuple[Tensor, Tensor, float]:
@@ -79,6 +79,33 @@ def best_rank_factors(W_Q: Tensor, W_K: Tensor, rank: int) -> tuple[Tensor, Tens
     return A.to(W_Q.dtype), B.to(W_K.dtype)
 
 
+def metric_best_rank_factors(W_Q: Tensor, W_K: Tensor, rank: int, covariance: Tensor) -> tuple[Tensor, Tensor]:
+    """Factors of the best rank-``rank`` approximation of ``W_Q W_Kᵀ`` in the metric of the inputs' covariance.
+
+    With ``Σ = L Lᵀ`` the second moment of the inputs ``x`` (plus a ridge of ``1e-6`` of its mean diagonal,
+    so that directions the data never takes cost nothing but stay defined), the score error of a change
+    ``ΔZ`` between independent tokens is ``E[(x ΔZ yᵀ)²] = ‖Lᵀ ΔZ L‖_F²``: the best rank-``rank`` change is
+    the truncated SVD of ``Lᵀ W_Q W_Kᵀ L``, mapped back through ``L⁻ᵀ`` (a triangular solve, no inverse).
+
+    Parameters
+    ----------
+    W_Q, W_K : Tensor, (d_in, d)
+    rank : int
+    covariance : Tensor, (d_in, d_in)
+        ``E[xᵀx]`` of the inputs the factors act on.
+
+    Returns
+    -------
+    tuple[Tensor, Tensor]
+        Each (d_in, rank), in the input dtype; columns beyond the product's rank are zero.
+    """
+    C = covariance.double()
+    L = torch.linalg.cholesky(C + 1e-6 * C.diagonal().mean() * torch.eye(C.shape[0], dtype=C.dtype))
+    A, B = best_rank_factors(L.mT @ W_Q.double(), L.mT @ W_K.double(), rank)
+    A, B = (torch.linalg.solve_triangular(L.mT, M, upper=True) for M in (A.double(), B.double()))
+    return A.to(W_Q.dtype), B.to(W_K.dtype)
+
+
 class KeptScale:
     """What every pretrained growable head shares: the pretrained scale is kept, and no mask."""
 
@@ -93,7 +120,7 @@ class KeptScale:
         return None
 
 
-class PretrainedHead(KeptScale, CaptureSwitch, nn.Module):
+class PretrainedHead(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
     """Head ``head`` of layer ``layer`` of ``encoder``, with query/key factors of any width.
 
     Parameters

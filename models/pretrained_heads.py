@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from growbench.models.block import Captured, CaptureSwitch, check_new_factors
+from growbench.models.block import Captured, CaptureSwitch, GrowsHeads, check_new_factors
 from growbench.models.pretrained_head import KeptScale, PretrainedHead
 
 
@@ -82,7 +82,7 @@ def check_sites(encoder: nn.Module, sites: list[tuple[int, int]]) -> None:
             raise ValueError(f"head {head} out of range; valid heads: 0..{n_heads - 1}")
 
 
-class PretrainedHeads(KeptScale, CaptureSwitch, nn.Module):
+class PretrainedHeads(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
     """Heads ``sites`` of ``encoder`` with query/key factors of any width, each grown on its own.
 
     Parameters

@@ -61,11 +61,11 @@ def same_state(a: dict, b: dict) -> bool:
 # ------------------------------------------------------------------ registry
 def test_registry_names_and_classes() -> None:
     assert set(DATASETS) == {"teacher", "icl-regression", "digits", "text", *PRETRAINED_DATASETS}
-    assert set(PRETRAINED_DATASETS) == {"minilm-recovery", "minilm-similarity"}
+    assert set(PRETRAINED_DATASETS) == {"minilm-recovery", "minilm-similarity", "smollm-recovery", "smollm-lm"}
     for name, cls in DATASETS.items():
         assert cls.name == name
         assert cls.description and "\n" not in cls.description
-        if name not in PRETRAINED_DATASETS:  # fixed width 384: tests/test_pretrained.py builds those
+        if name not in PRETRAINED_DATASETS:  # fixed widths: tests/test_pretrained.py and test_smollm.py build those
             assert isinstance(small(name), cls)
 
 

@@ -163,8 +163,8 @@ def test_cli_list_json_and_unknown_names(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert {"presets", "strategies", "datasets", "sweep_presets"} <= set(data)
     assert set(data["datasets"]) == {"teacher", "icl-regression", "digits", "text", "minilm-recovery",
-                                     "minilm-similarity"}
-    assert set(data["sweep_presets"]) == {"smoke", "quick", "thorough", "gpu", "full"}
+                                     "minilm-similarity", "smollm-recovery", "smollm-lm"}
+    assert set(data["sweep_presets"]) == {"smoke", "quick", "thorough", "objective-tokens", "gpu", "full"}
     for bad, valid in ((["--preset", "huge"], "smoke"), (["--datasets", "mnist"], "teacher"),
                        (["--strategies", "fomula1"], "formula1")):
         assert cli_main(["run", *bad, "--db", str(tmp_path / "x.sqlite"), "--no-progress"]) == 2

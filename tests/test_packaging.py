@@ -80,11 +80,18 @@ FOLDERS = ("strategies", "models", "datasets", "harness")
 @pytest.fixture(scope="module")
 def wheel_names(tmp_path_factory) -> list[str]:
     """The file names inside the wheel that ``pip`` builds from this checkout."""
+    import shutil
     import zipfile
 
-    out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the tracked-looking files: setuptools builds in the source's build/, where files
+    # of an earlier build (a module since removed) would otherwise end up in this wheel too.
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md", *FOLDERS):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                            if (ROOT / name).is_dir() else {}))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                            "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=600)
+                            "-w", str(out), str(source)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = out.glob("growbench-*.whl")
     with zipfile.ZipFile(wheel) as z:

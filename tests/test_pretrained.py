@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from growbench.datasets import minilm  # noqa: E402
+from growbench.datasets import minilm, pretrained  # noqa: E402
 from growbench.datasets.registry import make_dataset  # noqa: E402
 from growbench.harness.measure import RunConfig, measure  # noqa: E402
 from growbench.models.pretrained_head import best_rank_factors  # noqa: E402
@@ -268,7 +268,7 @@ def test_a_corpus_that_cannot_serve_is_refused_naming_the_file(tmp_path, monkeyp
     if content == "fifo":
         os.mkfifo(path)  # reading it would block: refused from its stat alone
     elif content == "big":
-        monkeypatch.setattr(minilm, "CORPUS_MAX_BYTES", 10)
+        monkeypatch.setattr(pretrained, "CORPUS_MAX_BYTES", 10)
         path.write_text("eleven byte")
     elif isinstance(content, bytes):
         path.write_bytes(content)

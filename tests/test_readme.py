@@ -23,6 +23,36 @@ def test_every_python_block_of_the_readme_runs(block, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+#: Pastes a block line by line into Python's interactive console (what `python` does with a paste): a blank line
+#: ends a compound statement there, and a statement right after one without a blank line is a syntax error.
+PASTE = """
+import code, sys
+console = code.InteractiveConsole()
+errors = []
+console.write = errors.append
+more = False
+for line in sys.stdin.read().splitlines():
+    more = console.push(line)
+if more:
+    console.push("")
+sys.stdout.write("".join(errors))
+sys.exit(1 if errors else 0)
+"""
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_every_python_block_pastes_into_the_interactive_interpreter(block):
+    done = subprocess.run([sys.executable, "-c", PASTE], input=block, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_paste_check_fails_on_what_the_interpreter_refuses():
+    for bad in ("for i in range(2):\n    x = i\ny = 1\n", "class A:\n    a = 1\n\n    b = 2\n"):
+        assert subprocess.run([sys.executable, "-c", PASTE], input=bad, capture_output=True, text=True,
+                              timeout=60).returncode == 1
+
+
 README = (ROOT / "README.md").read_text()
 
 

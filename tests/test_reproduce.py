@@ -66,17 +66,21 @@ def test_a_step_of_no_size_has_optimality_zero_in_the_reference(committed):
 
 
 def test_quick_preset_decides_every_regime_it_measures_and_thorough_holds_it():
-    """The main job's sweep keeps the real model's comparison the default at d_e = 384 is chosen from; the
-    thorough preset is a superset of it."""
+    """The main job's sweep keeps the real models' comparisons the medium band's default is chosen from (the
+    encoder's head recovery, the decoder's on both of its tasks); the thorough preset is a superset of it, and holds
+    the encoder's contrastive task, which left the main job."""
     from growbench.harness.runner.sweep import expand, sweep_presets
 
     presets = sweep_presets()
     quick = set(expand(presets["quick"]))
     thorough = set(expand(presets["thorough"]))
     assert quick < thorough
-    real = {c for c in quick if c.dataset.startswith("minilm")}
-    assert {c.dataset.split(":")[0] for c in real} == {"minilm-recovery", "minilm-similarity"}
+    real = {c for c in quick if c.d_e in (384, 576)}
+    assert {c.dataset.split(":")[0] for c in real} == {"minilm-recovery", "smollm-recovery", "smollm-lm"}
     assert len({c.seed for c in real}) >= 3
+    assert any(c.dataset.startswith("minilm-similarity") for c in thorough)
+    decoder = {c.dataset.split(":", 1)[1] for c in real if c.dataset.startswith("smollm")}
+    assert len(decoder) == 1  # one decoder head, on both tasks
 
 
 def test_a_run_waits_for_the_worker_preparing_its_site(tmp_path):
@@ -106,13 +110,15 @@ def test_a_run_waits_for_the_worker_preparing_its_site(tmp_path):
 
 
 def test_run_order_keeps_every_run_and_puts_the_costliest_sites_first():
+    from growbench.harness.runner.cost import sweep_cost
     from growbench.harness.runner.sweep import expand, in_run_order, sweep_presets
 
     configs = expand(sweep_presets()["quick"])
+    costliest = max(sweep_cost(dataclasses.asdict(c)) for c in configs)
     for jobs in (1, 2, 3):
         ordered = in_run_order(configs, jobs)
         assert sorted(map(repr, ordered)) == sorted(map(repr, configs))
-        assert ordered[0].dataset.startswith("minilm-similarity")
+        assert sweep_cost(dataclasses.asdict(ordered[0])) == costliest
     # Two workers start two different sites: the first two runs never share one.
     first, second = in_run_order(configs, 2)[:2]
     assert first.seed != second.seed or first.dataset != second.dataset

@@ -236,10 +236,10 @@ def test_config_errors_name_the_problem():
 
 def test_presets_are_valid_and_distinct():
     presets = train_presets()
-    assert set(presets) == {"smoke", "quick", "variants", "real", "real-once", "full"}
+    assert set(presets) == {"smoke", "quick", "variants", "real", "real-once", "decoder", "full"}
     for configs in presets.values():
         assert len(set(configs)) == len(configs)
-    for name, seeds in (("quick", 8), ("real", 5), ("real-once", 5)):  # every method against the baselines
+    for name, seeds in (("quick", 8), ("real", 5), ("real-once", 5), ("decoder", 4)):  # every method, the baselines
         assert {c.method for c in presets[name]} == {"default", "random", "zero", "gradmax", "fixed-small",
                                                      "fixed-large"}
         assert {c.seed for c in presets[name]} == set(range(seeds))
@@ -247,6 +247,10 @@ def test_presets_are_valid_and_distinct():
     # real-once: real's runs but for the schedule, one growth from d_k0 to d_k_max after the first step.
     once = {dataclasses.replace(c, p=4, grow_every=30) for c in presets["real-once"]}
     assert once == set(presets["real"]) and {(c.p, c.grow_every) for c in presets["real-once"]} == {(12, 1)}
+    # decoder: SmolLM2's next-token loss, every head of one layer grown back to the 16 dimensions that replace its
+    # pairs exactly.
+    assert {c.dataset for c in presets["decoder"]} == {"smollm-lm:narrow=layer:layer=26"}
+    assert {(c.d_k0, c.d_k_max) for c in presets["decoder"]} == {(1, 16)}
     variants = presets["variants"]
     assert {c.scale_policy for c in variants} == {"rescale", "fixed", "learnable"}
     assert {c.n_heads for c in variants} == {1, 2} and {c.trigger for c in variants} == {"schedule", "bottleneck"}

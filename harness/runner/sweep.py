@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, fields
 
@@ -18,7 +19,7 @@ from growbench import strategies
 from growbench.datasets.registry import DATASETS, PRETRAINED_DATASETS
 from growbench.harness.env import DEFAULT_THREADS
 from growbench.harness.measure import HELDOUT_BATCHES, RunConfig, run_one, site_key
-from growbench.harness.runner.cost import sweep_cost
+from growbench.harness.runner.cost import cost_class, sweep_cost
 from growbench.harness.runner.pool import check_run_timeout, run_pending
 from growbench.harness.store.results import ResultsDB
 from growbench.harness.validate import ConfigError, check_jobs, check_runs, check_threads, dataset_class
@@ -129,11 +130,20 @@ QUICK_HEADS = [(4, 7)]
 THOROUGH_HEADS = [(1, 3), (4, 7)]
 #: Every layer, two heads each, for the full and gpu sweeps.
 ALL_HEADS = [(layer, head) for layer in range(6) for head in (layer % 12, (layer + 6) % 12)]
+#: Heads of SmolLM2-135M (layer, head) in the quick sweep, on both of its tasks: a late one (a loss call reruns four
+#: of the 30 layers) whose replaced rotary pairs matter to the next-token loss (replacing them by nothing costs
+#: +0.015 nats there, docs/results.md).
+QUICK_DECODER_HEADS = [(26, 5)]
+#: The thorough sweep adds an early and a middle layer (both tasks at every head).
+THOROUGH_DECODER_HEADS = [(12, 0), (20, 4), (26, 5)]
+#: Every fifth layer, two heads each (one per key/value group of the first two), for the full sweep.
+ALL_DECODER_HEADS = [(layer, head) for layer in range(0, 30, 5) for head in (layer % 3, 3 + layer % 3)]
 
 
 def pretrained_grids(heads: list[tuple[int, int]], devices: list[str], strategy_list: list[str],
-                     seeds: list[int], **kw) -> list[dict]:
-    """Head recovery at every ``(layer, head)`` and the contrastive objective at the last one.
+                     seeds: list[int], similarity: bool = True, **kw) -> list[dict]:
+    """Head recovery of all-MiniLM-L6-v2 at every ``(layer, head)`` and (with ``similarity``) its contrastive
+    objective at the last one.
 
     Both at d_e = 384 (the model's width), 8 windows of 32 tokens per batch, rank 8 grown by 8.
     Recovery starts from the best rank-8 factors (no warm-up); the contrastive task trains
@@ -141,9 +151,27 @@ def pretrained_grids(heads: list[tuple[int, int]], devices: list[str], strategy_
     """
     sizes = dict(d_s=[32], d_e=[384], b=[8], d_k=[8], p=[8], seeds=seeds, devices=devices, **{"n_batches": 2, **kw})
     recovery = [f"minilm-recovery:layer={layer}:head={head}" for layer, head in heads]
-    similarity = [f"minilm-similarity:layer={heads[-1][0]}:head={heads[-1][1]}"]
-    return [dict(strategies=strategy_list, datasets=recovery, warmup_steps=0, **sizes),
-            dict(strategies=strategy_list, datasets=similarity, warmup_steps=20, **sizes)]
+    grids = [dict(strategies=strategy_list, datasets=recovery, warmup_steps=0, **sizes)]
+    if similarity:
+        grids.append(dict(strategies=strategy_list, datasets=[f"minilm-similarity:layer={heads[-1][0]}:"
+                                                              f"head={heads[-1][1]}"], warmup_steps=20, **sizes))
+    return grids
+
+
+def decoder_grids(heads: list[tuple[int, int]], devices: list[str], strategy_list: list[str], seeds: list[int],
+                  **kw) -> list[dict]:
+    """Head recovery and the next-token objective of SmolLM2-135M at every ``(layer, head)``.
+
+    Both at d_e = 576 (the model's width), 8 windows of 32 tokens per batch, rank 4 grown by 4 (of the 16
+    rotation-free dimensions that replace the head's 8 lowest-frequency rotary pairs). Neither has a warm-up:
+    the narrowed start (the best factors in the metric of the head's input) is already within 0.1 % of the
+    pretrained model's next-token loss, so the warm-up would train nothing; growth then asks what the new
+    dimensions can add on the objective.
+    """
+    sizes = dict(d_s=[32], d_e=[576], b=[8], d_k=[4], p=[4], seeds=seeds, devices=devices, warmup_steps=0,
+                 **{"n_batches": 2, **kw})
+    tasks = [f"{task}:layer={layer}:head={head}" for task in ("smollm-recovery", "smollm-lm") for layer, head in heads]
+    return [dict(strategies=strategy_list, datasets=tasks, **sizes)]
 
 
 #: What the statistics-tokens study grows with: the ablation's centre, with λ also on a held-out batch, and the
@@ -163,6 +191,23 @@ def statistics_tokens_grids(devices: list[str], n_batches: list[int], seeds: lis
             for g in pretrained_grids(QUICK_HEADS, devices, [_rsvd(ABLATION_CENTRE)], pretrained_seeds, repeats=1,
                                       n_batches=n, **kw)]
     return small + real
+
+
+#: What the statistics-tokens study of the real models' own objectives grows with: the ablation's centre at the
+#: real model's width, and the shipped choice of the medium band beside it.
+OBJECTIVE_TOKENS_STRATEGIES = [_rsvd(ABLATION_CENTRE), str(_QUICK_RIDGE.replace(holdout=True))]
+#: Statistics batches of that study: 256 tokens each, up to 16384 tokens (0.05 per entry of SmolLM2's P).
+OBJECTIVE_TOKENS_BATCHES = [1, 4, 16, 64]
+
+
+def objective_tokens_grids(devices: list[str], n_batches: list[int], seeds: list[int], **kw) -> list[dict]:
+    """Held-out gain against statistics tokens on each real model's own objective: all-MiniLM-L6-v2's contrastive
+    loss and SmolLM2's next-token loss, at the quick sweep's heads (how many tokens does growth need there?)."""
+    return [g for n in n_batches for g in (
+        pretrained_grids(QUICK_HEADS, devices, OBJECTIVE_TOKENS_STRATEGIES, seeds, repeats=1, n_batches=n, **kw)[1:]
+        + [{**grid, "datasets": [d for d in grid["datasets"] if d.startswith("smollm-lm")]}
+           for grid in decoder_grids(QUICK_DECODER_HEADS, devices, OBJECTIVE_TOKENS_STRATEGIES, seeds, repeats=1,
+                                     n_batches=n, **kw)])]
 
 
 def sweep_presets() -> dict[str, list[dict]]:
@@ -193,13 +238,16 @@ def sweep_presets() -> dict[str, list[dict]]:
         # The quick ablation on one GPU, plus the scale set up to d_e = 4096.
         "gpu": [*({**g, "devices": ["cuda"]} for g in quick), *scale_grids(["cuda"], seeds=[0, 1, 2], repeats=5),
                 *pretrained_grids(ALL_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5),
+                *decoder_grids(THOROUGH_DECODER_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5),
                 *statistics_tokens_grids(["cuda"], [1, 16, 64], RULE_SEEDS, [1, 8, 32], PRETRAINED_SEEDS)],
         # Fits the main job's 20 minutes on a busy 2-core machine (docs/results.md): the statistics-tokens study at
         # one and two batches on four seeds (the ablation has four batches), the scaling up to 64.
         "quick": [
             *quick,
             *small_scaling([]),
-            *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
+            *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, similarity=False,
+                              repeats=3),
+            *decoder_grids(QUICK_DECODER_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
             *statistics_tokens_grids(["cpu"], [1, 2], RULE_SEEDS[:4], [], []),
         ],
         # The quick sweep widened: an early head of the real model, each judging component alone there, the
@@ -210,8 +258,14 @@ def sweep_presets() -> dict[str, list[dict]]:
             *small_scaling([128]),
             *pretrained_grids(THOROUGH_HEADS, ["cpu"], THOROUGH_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
             *pretrained_grids(THOROUGH_HEADS, ["cpu"], PRETRAINED_REFERENCES, [0], repeats=3),
+            *decoder_grids(THOROUGH_DECODER_HEADS, ["cpu"], THOROUGH_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS,
+                           repeats=3),
+            *decoder_grids(THOROUGH_DECODER_HEADS, ["cpu"], PRETRAINED_REFERENCES, [0], repeats=3),
             *statistics_tokens_grids(["cpu"], [1, 2, 16], RULE_SEEDS, [1, 4], [0, 1]),
+            *objective_tokens_grids(["cpu"], OBJECTIVE_TOKENS_BATCHES, PRETRAINED_SEEDS),
         ],
+        # How many statistics tokens the real models' own objectives need (about an hour on 2 cores).
+        "objective-tokens": objective_tokens_grids(["cpu"], OBJECTIVE_TOKENS_BATCHES, PRETRAINED_SEEDS),
         "full": [
             dict(strategies=strategies.specs(), datasets=list(DATASET_NAMES), d_s=[64], d_e=[64], b=[256], d_k=[8],
                  p=[8], seeds=RULE_SEEDS, devices=["cpu", "cuda"], n_batches=4, repeats=5, warmup_steps=1000),
@@ -219,25 +273,33 @@ def sweep_presets() -> dict[str, list[dict]]:
                            {"d_e": [32, 128, 256, 512], "d_s": [32, 256, 512], "b": [64, 512, 1024]},
                            seeds=[0, 1, 2], devices=["cpu", "cuda"], n_batches=4, repeats=5, warmup_steps=1000),
             *pretrained_grids(ALL_HEADS, ["cpu", "cuda"], ablation, [0, 1, 2, 3, 4], repeats=5),
+            *decoder_grids(ALL_DECODER_HEADS, ["cpu", "cuda"], ablation, [0, 1, 2, 3, 4], repeats=5),
             *statistics_tokens_grids(["cpu", "cuda"], [1, 16, 64], RULE_SEEDS, [1, 8, 32], [0, 1, 2, 3, 4]),
         ],
     }
 
 
 def in_run_order(configs: list[RunConfig], jobs: int) -> list[RunConfig]:
-    """``configs`` in the order a sweep runs them: the costliest sites first, and with ``jobs`` workers, the runs
-    of ``jobs`` sites interleaved.
+    """``configs`` in the order a sweep runs them: one site of each dataset first, then the costliest sites first, and
+    with ``jobs`` workers, the runs of ``jobs`` sites interleaved.
 
     A site (:func:`harness.measure.site_key`) is trained, captured and projected by its first run
     and read from the caches by the others. Two workers starting the same site at once would both pay for it
     (on the real model's contrastive task, 115 s of a first run against 25 s of a later one, 2 workers on a busy
     2-core machine); interleaving sites gives each its first run alone. The costliest sites go first, so that no
-    worker is left alone on a long one at the end.
+    worker is left alone on a long one at the end. Before them, the costliest site of each dataset: the progress
+    bar learns each dataset's seconds per unit of cost from its runs (:mod:`harness.runner.progress`), and would
+    otherwise guess the cheap datasets' from the costly ones' for most of the sweep.
     """
     sites: dict[tuple, list[RunConfig]] = {}
     for c in configs:
         sites.setdefault(tuple(site_key(c).values()), []).append(c)
-    groups = sorted(sites.values(), key=lambda g: -sweep_cost(asdict(g[0])))
+    by_cost = sorted(sites.values(), key=lambda g: -sweep_cost(asdict(g[0])))
+    first: dict[str, list[RunConfig]] = {}
+    for g in by_cost:
+        first.setdefault(cost_class(asdict(g[0])), g)
+    sampled = {id(g) for g in first.values()}
+    groups = [*first.values(), *(g for g in by_cost if id(g) not in sampled)]
     if jobs == 1:
         return [c for g in groups for c in g]
     out = []
@@ -369,18 +431,13 @@ def run_sweep(
         return run_pending(db, in_run_order(configs, jobs), functools.partial(run_one, cache_dir=cache_dir),
                            jobs=jobs, threads=threads,
                            resume=resume, retry_failed=retry_failed, progress=progress, backend=backend,
-                           scheduler=scheduler, run_timeout=run_timeout, cost=sweep_cost)
+                           scheduler=scheduler, run_timeout=run_timeout, cost=sweep_cost, group=site_of)
 
 
-def preset_summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """The one-screen table: the presets only, per dataset and device, with the preset's name."""
-    table = summary(frame)
-    if table.empty:
-        return table
-    names = {spec: name for name, spec in strategies.presets().items()}
-    table = table[table.strategy.isin(names)].copy()
-    table.insert(2, "preset", table.strategy.map(names))
-    return table.drop(columns=["strategy"])
+def site_of(config: dict) -> str:
+    """The site of a run given as a dict (:func:`harness.measure.site_key`): its configuration but its strategy and
+    repeats, as JSON. Its first run trains the model and solves the projection the others read from the caches."""
+    return json.dumps({k: v for k, v in config.items() if k not in ("strategy", "repeats")}, sort_keys=True)
 
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from growbench import strategies
 from growbench.harness.env import DEFAULT_THREADS, recorded
+from growbench.harness.runner.cost import cost_class, train_cost
 from growbench.harness.runner.pool import check_run_timeout, run_pending
 from growbench.harness.store.training import TrainDB
 from growbench.harness.train import FIXED_METHODS, TrainConfig, train_run
@@ -45,6 +46,16 @@ REAL_SIZES = dict(d_s=32, d_e=384, b=8, d_k0=4, d_k_max=16, p=4, grow_every=30, 
 REAL_ONCE = {**REAL_SIZES, "p": REAL_SIZES["d_k_max"] - REAL_SIZES["d_k0"], "grow_every": 1}
 
 
+#: The decoder's training design: every head of SmolLM2's layer 26 narrowed (its 8 lowest-frequency rotary pairs
+#: replaced by the best rank-1 rotation-free factors in its input's metric), then trained on the model's own
+#: next-token loss; growth adds 5 rotation-free dimensions per head every 20 steps up to the 16 that replace the pairs
+#: exactly. fixed-large starts from the same narrowed heads widened at random (datasets' fixed_large_from_narrowed).
+DECODER_LM = "smollm-lm:narrow=layer:layer=26"
+DECODER_SIZES = dict(d_s=32, d_e=576, b=8, d_k0=1, d_k_max=16, p=5, grow_every=20, steps=100, eval_every=10)
+#: Seeds of the decoder design: a run costs about three minutes on one thread.
+DECODER_TRAIN_SEEDS = list(range(4))
+
+
 def train_presets() -> dict[str, list[TrainConfig]]:
     """Named training sweeps.
 
@@ -60,6 +71,9 @@ def train_presets() -> dict[str, list[TrainConfig]]:
     five seeds. It is not in ``quick``: it would add many minutes and the 90 MB weights.
     ``real-once``: the ``real`` design with every head grown from 4 to 16 in one growth after
     the first training step (about 13 minutes on two CPU cores).
+    ``decoder``: the Llama-architecture SmolLM2-135M, every head of layer 26 narrowed and grown
+    back during next-token training (:data:`DECODER_SIZES`); the six methods, four seeds (needs
+    the decoder's weights, see :mod:`datasets.smollm`).
     ``full``: the quick design and its variants at ``d_e = 64``, longer, three seeds; and the
     real design, twice as long, distilled and fine-tuned, three seeds.
     """
@@ -89,6 +103,7 @@ def train_presets() -> dict[str, list[TrainConfig]]:
             "variants": variants(quick, [0, 1]),
             "real": _grid(COMPARED_METHODS, [REAL_DISTILL], REAL_TRAIN_SEEDS, **REAL_SIZES),
             "real-once": _grid(COMPARED_METHODS, [REAL_DISTILL], REAL_TRAIN_SEEDS, **REAL_ONCE),
+            "decoder": _grid(COMPARED_METHODS, [DECODER_LM], DECODER_TRAIN_SEEDS, **DECODER_SIZES),
             "full": [*_grid(COMPARED_METHODS, data, [0, 1, 2], **full), *variants(full, [0, 1, 2]),
                      *_grid(COMPARED_METHODS, [REAL_DISTILL, REAL_FINETUNE], [0, 1, 2], **real_full)]}
 
@@ -135,9 +150,23 @@ def run_train_sweep(configs: list[TrainConfig], db_path: str, *, jobs: int = 1, 
     check_run_timeout(run_timeout)
     check_train_configs(configs, jobs=jobs, max_memory=max_memory, strict_devices=False)
     with TrainDB(db_path) as db:
-        return run_pending(db, configs, run_train_one, jobs=jobs, threads=threads, resume=resume,
+        return run_pending(db, in_train_order(configs), run_train_one, jobs=jobs, threads=threads, resume=resume,
                            retry_failed=retry_failed, progress=progress, what="training runs",
-                           run_timeout=run_timeout)
+                           run_timeout=run_timeout, cost=train_cost)
+
+
+def in_train_order(configs: list[TrainConfig]) -> list[TrainConfig]:
+    """``configs`` in the order they are run: the datasets in turn, each dataset's costliest runs first.
+
+    Training runs share nothing, so their order changes only the time: the costliest first leaves
+    no worker alone on a long run at the end, and the datasets in turn let the progress bar learn
+    each dataset's speed from its first runs (:mod:`harness.runner.progress`) rather than guess the
+    second dataset's from the first's for half the sweep.
+    """
+    by_class: dict[str, list[TrainConfig]] = {}
+    for c in sorted(configs, key=lambda c: -train_cost(c.as_dict())):  # stable: the preset's order among equals
+        by_class.setdefault(cost_class(c.as_dict()), []).append(c)
+    return [c for turn in itertools.zip_longest(*by_class.values()) for c in turn if c is not None]
 
 
 def train_summary(runs: pd.DataFrame) -> pd.DataFrame:
