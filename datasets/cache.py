@@ -5,20 +5,24 @@ a fresh model with Adam for ``warmup_steps`` train batches (``index = step``) an
 the resulting ``state_dict``. A cache file is keyed by the sha256 of a JSON of every
 setting that affects the weights and written atomically.
 
-A cache file is never trusted blindly. With the weights it stores a sha256
-(:func:`checksum`, over the key, the loss and every tensor's bytes in sorted key order)
-and the *check loss*: the trained model's loss on the train batch right after the
+Loading checks a cache file for damage and accidents, not for forgery. With the weights it
+stores a sha256 (:func:`checksum`, over the key, the loss and every tensor's bytes in sorted
+key order) and the *check loss*: the trained model's loss on the train batch right after the
 warm-up (``index = warmup_steps``, eval mode). On load, in this order:
 
-1. the file must unpickle (weights only) to a record with this key;
-2. the checksum must match (a flipped bit anywhere in the tensor data);
+1. the file must unpickle (weights only: no code runs) to a record with this key;
+2. the checksum must match (a flipped bit anywhere in the tensor data, a truncated write);
 3. every weight must be finite;
 4. every weight must be within Adam's reach of its initial value,
    ``|w - w0| <= ADAM_REACH · lr · warmup_steps`` (+ rounding slack): Adam moves a
    coordinate by at most ``~7.3 lr`` per step with the default betas (see
-   :data:`ADAM_REACH`), so a larger distance cannot come from this warm-up;
-5. the recomputed check loss must equal the stored one within rounding (weights that
-   are zeroed, or the untrained ones, with a recomputed checksum).
+   :data:`ADAM_REACH`), which catches weights of another run or another version written
+   under this key;
+5. the recomputed check loss must equal the stored one within rounding (weights that do not
+   reproduce the loss they were saved with).
+
+A file written on purpose to pass these checks would pass them: like pip's cache, the cache
+folder is trusted, and whoever can write to it can already run code as its owner.
 
 Anything wrong (unreadable, stale, incompatible, or failing a check) means: warn with a
 :class:`CacheWarning` naming the file and the reason, retrain, and overwrite; never

@@ -1,4 +1,4 @@
-"""The warm-up cache is never trusted blindly (issue 12, item 3).
+"""The warm-up cache checks its files for damage and accidents (issue 12, item 3), not for forgery (issue 38).
 
 Each cached model carries a checksum and its check loss. A flipped byte in the tensor
 data, zeroed weights, a NaN, weights beyond Adam's reach or weights that do not give the
@@ -253,6 +253,22 @@ def test_forged_loss_fails_the_loss_check(entry, reference):
     path, blob, counter = entry
     forge(path, blob, loss=blob["loss"] * 1.01)
     load_expecting_rebuild(path, counter, reference, "check loss")
+
+
+def test_a_file_written_to_pass_every_check_is_trusted(entry, reference):
+    """What the checks are not (datasets/cache.py): a defence against a file made on purpose to pass them. Weights
+    moved within Adam's reach, saved with their own check loss and checksum, load silently: the folder is trusted."""
+    path, blob, counter = entry
+    moved = {k: v + 1e-4 for k, v in blob["state_dict"].items()}
+    ds = teacher()
+    model = ds.build_model(D_K)
+    model.load_state_dict(moved)
+    forge(path, blob, moved, cache_mod.check_loss(model, ds, warmup_steps=SETTINGS["warmup_steps"],
+                                                  batch_size=SETTINGS["batch_size"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert same_state(state(cached(path.parent)), moved)
+    assert counter.calls == 0
 
 
 def test_forged_wrong_shapes(entry, reference):
