@@ -541,3 +541,32 @@ def test_answers_say_do_not_grow_where_the_default_raises_the_held_out_loss():
     (answer,) = plain_answers({"cpu/small": rec})
     assert answer.verdict == DO_NOT_GROW
     assert "it raises the held-out loss beyond seed noise on digits (gain -1% [-2, -0.4] over 5 seeds)" in answer.text()
+
+
+def test_a_regime_of_two_pretrained_architectures_says_what_the_rule_chooses_on_each_alone():
+    import pandas as pd
+
+    from growbench.harness.report.answers import architecture_bullets, by_architecture
+    from growbench.harness.rule.choice import recommend_regimes
+
+    rows = []
+    # Two models' datasets in one regime: on the encoder's, A is best; on the decoder's, B; each lowers every loss.
+    gains = {("minilm-recovery", "A"): 0.30, ("minilm-recovery", "B"): 0.10, ("smollm-recovery", "A"): 0.05,
+             ("smollm-recovery", "B"): 0.20}
+    for (ds, which), gain in gains.items():
+        spec = {"A": "gram/ridge/rsvd+metric/normal:bracket", "B": "gram/solve/rsvd+metric/normal:bracket"}[which]
+        d_e = 384 if ds.startswith("minilm") else 576
+        for seed in range(3):
+            rows.append(dict(status="ok", strategy=spec, dataset=ds, d_s=32, d_e=d_e, b=8, d_k=4, p=4, seed=seed,
+                             device="cpu", n_batches=2, repeats=1, warmup_steps=0, dtype="float32",
+                             scale_policy="rescale", heldout_batches=4, heldout_before=1.0,
+                             heldout_decrease=gain + 0.001 * seed, heldout_decrease_se=0.001, loss_before=1.0,
+                             loss_decrease=gain, t_total=0.1, t_floor=0.05, path_efficiency=1.0, optimality=0.5,
+                             statistics_tokens=512, error=None))
+    frame = pd.DataFrame(rows)
+    recs = recommend_regimes(frame)
+    choices = by_architecture(frame, recs)["cpu/medium"]
+    assert {c.model: c.spec for c in choices} == {"MiniLM": "gram/ridge/rsvd+metric/normal:bracket",
+                                                   "SmolLM2": "gram/solve/rsvd+metric/normal:bracket"}
+    (bullet,) = architecture_bullets({"cpu/medium": choices}, recs)
+    assert "disagree" in str(bullet)

@@ -15,10 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import pandas as pd
+
 from growbench.datasets.registry import DATASETS
 from growbench.harness.report.sections import Block, Bullet, Bullets, Link, Paragraph, Section, Span
 from growbench.harness.report.wording import listing, plural
-from growbench.harness.rule.reference import dataset_name
+from growbench.harness.rule.choice import recommend
+from growbench.harness.rule.reference import dataset_name, run_regimes
 from growbench.strategies.regimes import Regime
 
 TITLE = "Should you grow? One answer per kind of data"
@@ -175,8 +178,68 @@ def plain_answers(recs: Mapping[str, Evidenced]) -> list[Answer]:
     return [Answer(kind, groups[kind][0], tuple(groups[kind][1])) for kind in dict.fromkeys(order) if kind in groups]
 
 
-def answers_section(recs: Mapping[str, Evidenced]) -> Section | None:
-    """The report's first section: :func:`plain_answers` as one bullet each; None without a recommendation."""
+@dataclass(frozen=True)
+class ArchitectureChoice:
+    """The rule applied to one pretrained model's datasets of a regime alone."""
+
+    model: str
+    tasks: tuple[str, ...]
+    spec: str | None
+    verdict: str | None
+
+
+def by_architecture(frame: pd.DataFrame | None, recs: Mapping[str, Evidenced]) -> dict[str, list[ArchitectureChoice]]:
+    """Per regime whose datasets come from several pretrained models (architectures), the rule's choice on each
+    model's datasets alone: whether the architectures agree is a finding the regime's one choice would hide."""
+    out: dict[str, list[ArchitectureChoice]] = {}
+    if frame is None or frame.empty:
+        return out
+    regimes = run_regimes(frame)
+    for key, rec in recs.items():
+        if rec.spec is None:
+            continue
+        models: dict[str, tuple[set[str], list[str]]] = {}
+        for ds in rec.evidence:
+            kind, _ = dataset_kind(ds)
+            if kind.startswith("pretrained:"):
+                _, model, task = kind.split(":", 2)
+                names, tasks = models.setdefault(model, (set(), []))
+                names.add(dataset_name(ds))
+                tasks.append(task)
+        if len(models) < 2:
+            continue
+        runs = frame[regimes == key]
+        choices = []
+        for model, (names, tasks) in models.items():
+            try:
+                alone = recommend(runs[runs.dataset.isin(names)], regime=key)
+            except ValueError:
+                alone = None
+            choices.append(ArchitectureChoice(model, tuple(dict.fromkeys(tasks)), getattr(alone, "spec", None),
+                                              getattr(alone, "verdict", None)))
+        out[key] = choices
+    return out
+
+
+def architecture_bullets(choices: dict[str, list[ArchitectureChoice]], recs: Mapping[str, Evidenced]) -> list[Bullet]:
+    """One bullet per regime of :func:`by_architecture`: each model's choice, and whether they agree."""
+    items = []
+    for key, per_model in choices.items():
+        said = "; ".join(f"on {c.model}'s datasets alone ({', '.join(c.tasks)}), {c.spec or 'nothing'}"
+                         + (f" ({c.verdict})" if c.verdict else "") for c in per_model)
+        specs = {c.spec for c in per_model}
+        agree = (f"The architectures agree: {recs[key].spec} serves both." if len(specs) == 1 else
+                 f"The architectures disagree: the regime's one choice, {recs[key].spec}, is not what each would "
+                 "choose alone (the regime has no architecture axis: see docs/results.md).")
+        items.append(Bullet((Span(f"By architecture ({Regime.parse(key).describe()})", "strong"), ": the rule "
+                             f"chooses, {said}. {agree}")))
+    return items
+
+
+def answers_section(recs: Mapping[str, Evidenced], frame: pd.DataFrame | None = None) -> Section | None:
+    """The report's first section: :func:`plain_answers` as one bullet each, and where a regime holds several
+    pretrained architectures, the rule's choice on each alone (:func:`by_architecture`); None without a
+    recommendation."""
     answers = plain_answers(recs)
     if not answers:
         return None
@@ -185,6 +248,7 @@ def answers_section(recs: Mapping[str, Evidenced]) -> Section | None:
         regimes = listing([Regime.parse(r).describe() for r in a.regimes])
         items.append(Bullet((Span(a.label, "strong"), f" ({', '.join(sorted({c.dataset for c in a.claims}))}; "
                              f"{regimes}): ", Span(a.verdict, "strong"), ". ", a.text())))
+    items += architecture_bullets(by_architecture(frame, recs), recs)
     intro: list[Block] = [Paragraph.of(
         "What one growth with the default does to the loss on test batches it never saw: its held-out gain (the "
         "held-out loss decrease as a share of the held-out loss), the mean over seeds with its 95% interval, per "

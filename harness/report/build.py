@@ -248,5 +248,5 @@ def build_report(db: str | Path, out: str | Path = "reports", *, svg: bool = Tru
                 *(training_sections(training) if training else [])]
     report = Report("growbench ablation report", command, datetime.now(UTC).isoformat(timespec="seconds"), sections,
                     advice=advice_section(frame, recs, rec_error, training), preamble=[Paragraph.of(NAMING)],
-                    lead=[s for s in (answers_section(recs), what_to_use_section(recs, rec_error)) if s])
+                    lead=[s for s in (answers_section(recs, frame), what_to_use_section(recs, rec_error)) if s])
     return _done(files, report, results + train_figures, notes)
