@@ -1,4 +1,8 @@
-"""The whole growth step ``s.grow(...)`` for every preset, on the reference problem."""
+"""The whole growth step ``s.grow(...)`` for every preset, on the reference problem; the default's multiple of the
+floor, host reads and loss calls."""
+
+import statistics as stats_mod
+import time
 
 from . import common
 
@@ -21,3 +25,59 @@ class TimeGrow:
 
     def time_grow(self, cache, preset):
         self.prob.grow(self.s)
+
+
+class TrackDefault:
+    """The default on the reference problem (trained teacher, b=256, d_s=128, d_e=64, d_k=8, p=8: the problem of
+    ``growbench targets`` at d_e=64), tracked across commits (issue 37), lower is better:
+
+    - ``track_x_floor``: the growth's median time over the floor's, both measured here, interleaved, so that the
+      machine's speed cancels. The floor is what every growth must pay, as ``growbench targets`` defines it: the
+      statistics' update over the batch plus one loss call at the current scores;
+    - ``track_host_syncs``: numbers the growth reads on the host (``info["host_syncs"]``; on a GPU each one
+      stalls the device);
+    - ``track_loss_calls``: calls of ``loss_of_scores``.
+    """
+
+    setup_cache = staticmethod(common.reference_cache)
+    timeout = 300
+    rounds = 1
+    repeats = 7
+
+    def setup(self, cache):
+        self.torch = common.init_torch()
+        self.prob = common.ReferenceProblem(cache)
+        self.strategies = common.require("strategies", "make", "Statistics")
+        self.s = common.make("default")
+        self.r = self.prob.grow(self.s)  # warm-up, and the result the counts read
+
+    def _floor(self):
+        pr = self.prob
+        self.strategies.Statistics().update(pr.X, pr.G, pr.mask)
+        with self.torch.no_grad():
+            pr.loss_of_scores(pr.X @ (pr.scale * pr.W_Q @ pr.W_K.mT) @ pr.X.mT)
+
+    def track_x_floor(self, cache):
+        grow, floor = [], []
+        for _ in range(self.repeats):
+            grow.append(_seconds(lambda: self.prob.grow(self.s)))
+            floor.append(_seconds(self._floor))
+        return stats_mod.median(grow) / stats_mod.median(floor)
+
+    track_x_floor.unit = "× floor"
+
+    def track_host_syncs(self, cache):
+        return float(self.r.info.get("host_syncs", float("nan")))
+
+    track_host_syncs.unit = "reads"
+
+    def track_loss_calls(self, cache):
+        return float(self.r.n_loss_evals)
+
+    track_loss_calls.unit = "calls"
+
+
+def _seconds(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t

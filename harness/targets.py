@@ -6,6 +6,7 @@ medians taken in the same run, so machine noise affects both sides alike.
 
 from __future__ import annotations
 
+import math
 import statistics as stats_mod
 import time
 from collections.abc import Callable
@@ -56,8 +57,31 @@ def growth_rows(d_e: int, repeats: int, device: str, cache_dir: str | None,
         rows.append({"name": name, "spec": cfg.strategy, "d_e": d_e, "t_total": m["t_total"],
                      "t_floor": m["t_floor"], "x_floor": m["t_total"] / m["t_floor"],
                      "optimality": m["optimality"], "heldout_decrease": m["heldout_decrease"],
-                     "loss_evals": m["n_loss_evals"], "fallback": m["fallback"]})
+                     "loss_evals": m["n_loss_evals"], "host_syncs": m["host_syncs"], "fallback": m["fallback"],
+                     "profile": _profile_of(m)})
     return pd.DataFrame(rows)
+
+
+def _profile_of(m: dict) -> dict:
+    """The profile of a run's last timed growth (``info["profile"]``, :class:`strategies.timing.Profile`), or {}."""
+    profile = m.get("extra", {}).get("info", {}).get("profile")
+    return profile if isinstance(profile, dict) else {}
+
+
+def profile_line(label: str, profile: dict, t_floor: float, host_syncs: object = None) -> str:
+    """One line of a growth's profile: each section in multiples of the floor (and ms), largest first; every loss
+    call's ms; the host reads. Issue 37's per-phase profile, printed beside the targets it explains."""
+    sections = profile.get("ms") if isinstance(profile.get("ms"), dict) else {}
+    if not sections or not t_floor > 0:
+        return f"{label}: no profile recorded"
+    floor_ms = 1e3 * t_floor
+    parts = [f"{name} {ms / floor_ms:.2f}× ({ms:.3g} ms)"
+             for name, ms in sorted(sections.items(), key=lambda kv: -kv[1]) if ms / floor_ms >= 0.005]
+    losses = ", ".join(f"{ms:.3g}" for ms in profile.get("loss_call_ms", []))
+    syncs = "" if host_syncs is None else f"; {host_syncs} host reads"
+    total = profile.get("total_ms", math.nan)
+    return (f"{label}: {total:.4g} ms = {total / floor_ms:.2f}× the floor ({floor_ms:.3g} ms): " + "; ".join(parts)
+            + f"; loss calls (ms each): {losses}{syncs}")
 
 
 def per_sample_solve_vs_pinv(repeats: int, device: str) -> dict:
@@ -119,6 +143,9 @@ def scale_rows(device: str, repeats: int, cache_dir: str | None, widths: list[in
             cfg = RunConfig(strategy=run_spec(name, device, d_e), dataset="teacher", d_s=d_s, d_e=d_e, b=b, d_k=d_k,
                             p=p, n_batches=1, repeats=repeats, warmup_steps=20, device=device)
             m = measure(cfg, cache_dir)
+            if name == "default":
+                print("  " + profile_line(f"default profile d_e={d_e}", _profile_of(m), m["t_floor"], m["host_syncs"]),
+                      flush=True)
             rows.append({"d_e": d_e, "name": name, "spec": cfg.strategy, "t_total_ms": 1e3 * m["t_total"],
                          "t_floor_ms": 1e3 * m["t_floor"], "x_floor": m["t_total"] / m["t_floor"],
                          "path_efficiency": m["path_efficiency"], "optimality": m["optimality"],
@@ -240,8 +267,12 @@ def run_targets(repeats: int = 5, device: str = "cpu", cache_dir: str | None = "
         lines.append(f"| d_e={d_e}: joint within 3× of gram (formula2), same pipeline | {jr:.2f}× | "
                      f"{'yes' if jr <= 3 else 'no'} |")
         lines.append("")
-        table = g[["spec", "t_total", "t_floor", "x_floor", "optimality", "heldout_decrease", "loss_evals"]]
+        table = g[["spec", "t_total", "t_floor", "x_floor", "optimality", "heldout_decrease", "loss_evals",
+                   "host_syncs"]]
         lines.append("```\n" + table.to_string(float_format=lambda x: f"{x:.4g}") + "\n```")
+        lines.append("")
+        # The default's last timed growth, section by section (one growth: noisier than the medians above).
+        lines.append(profile_line(f"d_e={d_e}: default profile", d.profile, d.t_floor, d.host_syncs))
         lines.append("")
     ps = per_sample_solve_vs_pinv(repeats, device)
     r = ps["pinv"] / ps["solve"]

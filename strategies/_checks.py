@@ -100,6 +100,25 @@ def check_factors(W_Q: Tensor, W_K: Tensor, d_e: int, p: int) -> int:
     return d_k
 
 
+def check_number(name: str, value: object, integer: bool = False, optional: bool = False) -> None:
+    """Refuse an option that is not a real number (an ``int`` where ``integer``; None too where ``optional``).
+
+    Components compare their options with bounds; a string or a list there would raise ``TypeError`` from the
+    comparison, or later, inside a growth. This names the option instead.
+
+    Raises
+    ------
+    ValueError
+        ``"<name> must be a number, got 'x'"``, say.
+    """
+    if optional and value is None:
+        return
+    kinds = int if integer else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        what = "an integer" if integer else "a number"
+        raise ValueError(f"{name} must be {what}{' or None' if optional else ''}, got {value!r}")
+
+
 def check_scale(name: str, c: float) -> float:
     """Validate an attention scale: a finite positive number."""
     try:
@@ -138,6 +157,21 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
+def abs_max(t: Tensor) -> Tensor:
+    """``max|t|`` as a 0-dim tensor on ``t``'s device, equal to ``t.abs().amax()`` (NaN included).
+
+    One pass and no copy: ``t.abs()`` would allocate a tensor the size of ``t`` (a batch of scores
+    or inputs, tens of MB at the scale set, where every fresh allocation is also page-faulted in).
+
+    Parameters
+    ----------
+    t : Tensor
+        Non-empty, of a floating dtype.
+    """
+    low, high = torch.aminmax(t)
+    return torch.maximum(high, -low).abs()  # .abs() of a 0-dim tensor: +0 where t is all -0
+
+
 def pow2_scale(t: Tensor) -> Tensor:
     """A power of two within a factor 2 of ``max|t|`` (1 when ``t`` is zero), 0-dim on ``t``'s device.
 
@@ -156,7 +190,7 @@ def pow2_scale(t: Tensor) -> Tensor:
     Tensor
         ``2^e`` with ``max|t| ∈ [2^(e-1), 2^e)``, of ``t``'s dtype.
     """
-    m = t.abs().amax()
+    m = abs_max(t)
     one = torch.ones_like(m)
     # The exponent in t's dtype: torch 2.3's ldexp raises 2 to an integer exponent in float32,
     # which underflows to 0 below 2^-149 (a float64 gradient of 1e-125 would scale to 0).
@@ -191,7 +225,7 @@ def range_dtype(X: Tensor, x_max: float | None = None) -> torch.dtype:
     ValueError
         ``max|X|`` outside even float64's range.
     """
-    x_max = float(X.abs().amax()) if x_max is None else x_max
+    x_max = float(abs_max(X)) if x_max is None else x_max
     dtype = compute_dtype(X.dtype)
     for candidate in dict.fromkeys((dtype, torch.float64)):
         lo, hi = X_RANGE[candidate]

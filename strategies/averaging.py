@@ -19,10 +19,11 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
-from ._checks import pow2_scale
+from ._checks import check_number, pow2_scale
 from .cg import CGInfo, joint_operator, pcg
 from .registry import register
 from .statistics import Statistics
+from .timing import section
 
 
 class Averaging(ABC):
@@ -75,6 +76,7 @@ class _PerSampleStatistics(Statistics):
                 f"X: the per-sample {self.inverse.name} failed on this batch in {X.dtype} (max |X| "
                 f"{float(X.abs().amax()):.3g}; {str(e).strip().splitlines()[0]}): accumulate batches of one magnitude"
             ) from None
+        self.host_reads += getattr(self.inverse, "data_sandwich_host_reads", 0)
         self._add_to("sum_P", P.sum(dim=0))
         self._add_to("sum_P_even", P[self.even_samples(X.shape[0], X.device)].sum(dim=0))
 
@@ -119,10 +121,11 @@ class Gram(Averaging):
             info["ridge_alpha"] = factor.alpha
             info["ridge_cosine"] = factor.cosine
         info["factor_host_syncs"] = factor.host_syncs
-        P = factor.sandwich(stats.mean_M)
-        if not split:
-            return P, None
-        even = factor.sandwich(halves[0] / stats.n)
+        with section("direction"):
+            P = factor.sandwich(stats.mean_M)
+            if not split:
+                return P, None
+            even = factor.sandwich(halves[0] / stats.n)
         return P, (even, P - even)
 
 
@@ -239,6 +242,8 @@ class Joint(Averaging):
         if dtype is not None and dtype not in ("float32", "float64"):
             raise ValueError(f"joint dtype must be 'float32', 'float64' or None, got {dtype!r}")
         self.dtype = None if dtype is None else getattr(torch, dtype)
+        check_number("joint tol", tol)
+        check_number("joint maxiter", maxiter, integer=True)
         if not (0 < tol < 1):
             raise ValueError(f"joint tol must be in (0, 1), got {tol!r}")
         if maxiter < 1:
@@ -268,6 +273,7 @@ class Joint(Averaging):
         P, cg = solve_joint(Xc, mask, mean_A, rhs / s, self.inverse, self.tol, self.maxiter, log, rtol=rtol)
         info["cg_iterations"] = cg.iterations
         info["cg_residual"] = cg.residual
+        info["factor_host_syncs"] = cg.host_reads
         return (P * s).to(X.dtype)
 
 
@@ -289,6 +295,7 @@ def solve_joint(
     """
     prec = inverse.factor(mean_A, log, rtol=rtol)
     P, cg = pcg(joint_operator(X, mask), rhs, prec.sandwich, tol=tol, maxiter=maxiter)
+    cg.host_reads = getattr(cg, "host_reads", 0) + prec.host_syncs
     if not cg.converged:
         log.append(
             f"joint: CG stopped after {cg.iterations} iterations at relative residual {cg.residual:.2e} > tol {tol:.0e}"

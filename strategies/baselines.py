@@ -19,8 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import pow2_scale
-from .growth import StepContext, Strategy, append_columns
+from ._checks import check_number, pow2_scale
+from .growth import StepContext, Strategy, _host_reads, append_columns
 from .registry import register
 from .statistics import Statistics
 from .timing import timed
@@ -60,6 +60,8 @@ class Baseline(Strategy):
     name: str = ""
 
     def __init__(self, std: float | None = None, seed: int = 0) -> None:
+        check_number(f"{self.name} std", std, optional=True)
+        check_number(f"{self.name} seed", seed, integer=True)
         if std is not None and not std > 0:
             raise ValueError(f"std must be > 0, got {std!r}")
         self.std = std
@@ -88,12 +90,17 @@ class Baseline(Strategy):
         with timed(ctx.timings, "direction", W_Q.device), torch.no_grad():
             new_Q, new_K = self._new_columns(W_Q, W_K, stats, p, keep)
             W_Q2, W_K2 = append_columns(ctx, W_Q, W_K, new_Q, new_K)
+        _host_reads(ctx, self._column_reads(W_Q, W_K))
         ctx.timings.setdefault("line_search", 0.0)
         ctx.timings.setdefault("truncation", 0.0)
         return W_Q2, W_K2, 0.0
 
     def _new_columns(self, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int, keep: float) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
+
+    def _column_reads(self, W_Q: Tensor, W_K: Tensor) -> int:
+        """Numbers :meth:`_new_columns` reads on the host (the RMS entries that scale a random draw)."""
+        return 0
 
 
 @register("baseline")
@@ -131,10 +138,12 @@ class RandomGrowth(Baseline):
         # A different stream for W_K: the same draw would make Z's new part symmetric PSD.
         return self._random(W_Q, d_e, p, W_Q * keep), self._random(W_K, d_e, p, W_K * keep, seed=self.seed + 1)
 
+    def _column_reads(self, W_Q, W_K):
+        return 0 if self.std is not None else int(W_Q.numel() > 0) + int(W_K.numel() > 0)
+
     def _step(self, ctx, W_Q, W_K, stats, p):
         W_Q2, W_K2, lam = super()._step(ctx, W_Q, W_K, stats, p)
         d_k = W_Q.shape[1]
-        calls = ctx.loss.calls
         with timed(ctx.timings, "line_search", W_Q.device), torch.no_grad():
             v = self._loss(ctx, W_Q2, W_K2)
             shrinks = 0
@@ -150,7 +159,6 @@ class RandomGrowth(Baseline):
                 W_K2[:, d_k:] = 0.0
                 v = self._loss(ctx, W_Q2, W_K2)
                 ctx.log.append("random: new W_K columns set to zero (function kept, like the zero baseline)")
-        ctx.info["host_syncs"] = ctx.loss.calls - calls
         ctx.loss_after = v
         return W_Q2, W_K2, lam
 
@@ -168,6 +176,9 @@ class ZeroGrowth(Baseline):
     def _new_columns(self, W_Q, W_K, stats, p, keep):
         return self._random(W_Q, W_Q.shape[0], p, W_Q * keep), W_K.new_zeros(W_K.shape[0], p)
 
+    def _column_reads(self, W_Q, W_K):
+        return int(self.std is None and W_Q.numel() > 0)
+
 
 @register("baseline")
 class GradMax(Baseline):
@@ -184,6 +195,7 @@ class GradMax(Baseline):
 
     def __init__(self, norm: float | None = None, seed: int = 0) -> None:
         super().__init__(seed=seed)
+        check_number("gradmax norm", norm, optional=True)
         if norm is not None and not norm > 0:
             raise ValueError(f"norm must be > 0, got {norm!r}")
         self.norm = norm
@@ -195,4 +207,7 @@ class GradMax(Baseline):
         if norm is None:
             norm = float(_column_norms(W_Q * keep).mean()) if W_Q.shape[1] else 1.0
         return U[:, :p] * norm, W_K.new_zeros(W_K.shape[0], p)
+
+    def _column_reads(self, W_Q, W_K):
+        return int(self.norm is None and W_Q.shape[1] > 0)
 

@@ -91,10 +91,11 @@ def pcg(
     For the joint operator ``𝒜 = T*T`` with ``b = T*G`` the energy ``⟨x, 𝒜x⟩ = ‖T x‖²`` rises
     at every iteration to ``‖ΠG‖²``: a solve stopped early gives a lower bound of it.
     """
+    reads = 1  # host reads, one per decision below: the info's ``host_reads`` attribute (not a field: it is stored)
     x = torch.zeros_like(rhs)
     b_norm = torch.linalg.matrix_norm(rhs)
     if not b_norm > 0:
-        return x, CGInfo(0, 0.0, True)
+        return x, _ended(CGInfo(0, 0.0, True), reads)
     r = rhs.clone()
     z = precondition(r)
     p = z.clone()
@@ -103,19 +104,31 @@ def pcg(
     for k in range(1, maxiter + 1):
         Ap = op(p)
         pAp = (p * Ap).sum()
+        reads += 1
         if not pAp > 0:
             # The search direction lies in the operator's null space: nothing left to fit.
-            return x, CGInfo(k - 1, res, res <= tol)
+            return x, _ended(CGInfo(k - 1, res, res <= tol), reads)
         alpha = rz / pAp
         x = x + alpha * p
         r = r - alpha * Ap
         res = float(torch.linalg.matrix_norm(r) / b_norm)
+        reads += 1
         if res <= tol:
-            return x, CGInfo(k, res, True)
+            return x, _ended(CGInfo(k, res, True), reads)
         z = precondition(r)
         rz_new = (r * z).sum()
+        reads += 1
         if not rz_new > 0:
-            return x, CGInfo(k, res, res <= tol)
+            return x, _ended(CGInfo(k, res, res <= tol), reads)
         p = z + (rz_new / rz) * p
         rz = rz_new
-    return x, CGInfo(maxiter, res, False)
+    return x, _ended(CGInfo(maxiter, res, False), reads)
+
+
+def _ended(info: CGInfo, reads: int) -> CGInfo:
+    """``info`` with ``host_reads``: the numbers the solve read on the host (on a GPU, a synchronisation each).
+
+    An attribute, not a field: :class:`CGInfo` is stored with cached reference projections, whose field set is
+    checked when they are read back."""
+    info.host_reads = reads
+    return info

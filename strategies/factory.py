@@ -6,14 +6,15 @@ kind × band of widths) from the inputs of each call and runs that regime's choi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 
 from torch import Tensor
 
-from .growth import GrowthStrategy, StepContext, Strategy
+from .growth import GrowthStrategy, StepContext, Strategy, _first_line
 from .registry import REGISTRY
 from .result import GrowthResult
-from .spec import DEFAULT_FILE, DefaultChoice, Spec, default_choice
+from .spec import DEFAULT_FILE, DefaultChoice, Spec, default_choice, default_file_specs
 from .statistics import Statistics
 
 
@@ -43,26 +44,102 @@ def make(
     -------
     Strategy
         With ``spec``, ``direction``, ``grow`` and ``new_statistics``.
+
+    Raises
+    ------
+    ValueError
+        An unknown spec; an option dict that is not a dict; an option its component does not take (or one the
+        spec sets, such as ``line_search={"holdout": True}``); a value the component refuses. The message names
+        the axis and the option.
     """
-    options = dict(averaging=averaging, inverse=inverse, truncation=truncation, line_search=line_search,
-                   baseline=baseline)
+    options = {axis: _options(axis, value) for axis, value in
+               (("averaging", averaging), ("inverse", inverse), ("truncation", truncation),
+                ("line_search", line_search), ("baseline", baseline))}
     if isinstance(spec, str) and spec.strip().lower() == "default":
-        if baseline:
+        if options["baseline"]:
             raise ValueError("baseline=... options only apply to the baselines")
         return DefaultStrategy(**{k: v for k, v in options.items() if k != "baseline"})
     parsed = spec if isinstance(spec, Spec) else Spec.parse(spec)
     if parsed.is_baseline:
-        if any(o for o in (averaging, inverse, truncation, line_search)):
+        if any(options[axis] for axis in ("averaging", "inverse", "truncation", "line_search")):
             raise ValueError(f"baseline {parsed.baseline!r} only takes baseline=... options")
-        return REGISTRY["baseline"][parsed.baseline](**(baseline or {}))
-    if baseline:
+        return _component("baseline", parsed.baseline, options["baseline"])
+    if options["baseline"]:
         raise ValueError("baseline=... options only apply to the baselines")
-    inv = REGISTRY["inverse"][parsed.inverse](**(inverse or {}))
-    avg = REGISTRY["averaging"][parsed.averaging](inv, **(averaging or {}))
-    trunc = REGISTRY["truncation"][parsed.truncation](metric=parsed.metric, **(truncation or {}))
+    inv = _component("inverse", parsed.inverse, options["inverse"])
+    avg = _component("averaging", parsed.averaging, options["averaging"], inv)
+    trunc = _component("truncation", parsed.truncation, options["truncation"], metric=parsed.metric)
     flags = {flag: getattr(parsed, flag) for flag in Spec.LINE_SEARCH_FLAGS}
-    ls = REGISTRY["line_search"][parsed.line_search](method=parsed.method, **flags, **(line_search or {}))
+    ls = _component("line_search", parsed.line_search, options["line_search"], method=parsed.method, **flags)
     return GrowthStrategy(avg, trunc, ls, str(parsed))
+
+
+def _options(axis: str, value: object) -> dict:
+    """The options of one axis as a dict; ``ValueError`` for anything but None or a dict with string keys."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{axis}= must be a dict of option names to values, e.g. {axis}={{...}}, got "
+                         f"{type(value).__name__} {value!r:.60}")
+    names = [k for k in value if not isinstance(k, str)]
+    if names:
+        raise ValueError(f"{axis}= option names must be strings, got {names[0]!r}")
+    return dict(value)
+
+
+def _component(axis: str, name: str, options: dict, *args: object, **fixed: object) -> object:
+    """``REGISTRY[axis][name](*args, **fixed, **options)``, with every option checked against the constructor.
+
+    An option it does not take, or one the spec sets (``fixed``), is refused by name before anything is built;
+    a value it refuses with ``TypeError`` (a string compared with a bound, say) becomes a ``ValueError`` naming
+    that option, found by building the component with each option alone (constructors are cheap and pure).
+    """
+    cls = REGISTRY[axis][name]
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # a constructor without a signature (a C type): let it judge its options
+        params = None
+    if params is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        positional = [n for n, p in params.items() if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                                   inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        taken = [n for n, p in params.items() if n not in positional[:len(args)] and n not in fixed
+                 and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        for option in options:
+            if option in fixed:
+                raise ValueError(f"{axis} option {option!r} is set by the spec ({name}: {option}={fixed[option]!r}), "
+                                 "not by an option")
+            if option not in taken:
+                raise ValueError(f"{axis} option {option!r} is not one {name!r} takes; it takes "
+                                 f"{', '.join(taken) if taken else 'none'}")
+    try:
+        return cls(*args, **fixed, **options)
+    except TypeError as e:
+        for option, value in options.items():
+            try:
+                cls(*args, **fixed, **{option: value})
+            except TypeError as alone:
+                raise ValueError(f"{axis} option {option}={value!r:.60} is not a value {name!r} takes "
+                                 f"({_first_line(alone)})") from None
+            except ValueError:
+                raise
+        raise ValueError(f"{axis} options {options!r:.80} for {name!r}: {_first_line(e)}") from None
+
+
+def _fewer_statistics(chosen: DefaultChoice, info: dict) -> str:
+    """One line in a user's words when the growth's statistics are fewer than those with which the regime's choice
+    was shown to generalise (batches, or tokens per entry of ``P``); empty otherwise."""
+    batches, per_entry = info.get("statistics_batches"), info.get("tokens_per_d_e2")
+    few_batches = chosen.batches is not None and isinstance(batches, int) and batches < chosen.batches
+    few_tokens = (chosen.tokens_per_entry is not None and isinstance(per_entry, int | float)
+                  and per_entry < chosen.tokens_per_entry)
+    if not (few_batches or few_tokens):
+        return ""
+    had = f"{batches} batch{'es' if batches != 1 else ''}, {per_entry:.3g} tokens per entry of P"
+    needed = " and ".join(part for part in (
+        f"{chosen.batches} batches" if chosen.batches is not None else "",
+        f"{chosen.tokens_per_entry:.3g} per entry" if chosen.tokens_per_entry is not None else "") if part)
+    return (f"statistics: {had}; the default here was shown to generalise with {needed} ({DEFAULT_FILE}): "
+            "accumulate more batches (stats.update) before growing")
 
 
 class DefaultStrategy(Strategy):
@@ -72,13 +149,27 @@ class DefaultStrategy(Strategy):
     ``d_e``; its spec from ``strategies/default.json`` (:func:`strategies.spec.default_choice`,
     nearest regime with evidence when it has none). The result's ``spec`` is the spec that
     ran; ``info["default_regime"]`` names the regime, and a borrowed choice is recorded in
-    ``fallback``, as is a regime where the evidence says growth does not generalise (the
-    spec that ran is then the one that harms least).
+    ``fallback``, as is a regime where the evidence says growth does not generalise. The
+    regime's verdict and where its evidence is (``default.json``, the report's "What to use")
+    are ``info["default_evidence"]``, one line.
+
+    **The statistics it needs.** ``info["statistics_needed"]`` holds the fewest statistics
+    batches and tokens per entry of ``P`` (``tokens / d_e²``) with which the regime's evidence
+    shows its choice lowering the held-out loss beyond noise (in the ``default.json`` of
+    2026-11-26: 4 batches and 4 tokens per entry for ``cpu, d_e ≤ 128``, 2 batches and 0.0035
+    per entry for ``128 < d_e ≤ 1024``); ``info["statistics_batches"]`` and
+    ``info["tokens_per_d_e2"]`` what the growth had. With fewer, ``fallback`` says so in one
+    line. A ``+holdout`` choice with one
+    statistics batch adapts (the direction from half its samples, λ chosen on the other half,
+    then a refit on all of them) and says that too; a step that ends at λ = 0 always says why
+    (a line starting ``no step:``).
 
     Parameters
     ----------
     averaging, inverse, truncation, line_search : dict, optional
-        Component options, as for :func:`make`, passed to whichever spec runs.
+        Component options, as for :func:`make`, passed to whichever spec runs. Checked when the
+        default is made against every spec ``default.json`` names: an option one of them does not
+        take is a ``ValueError`` naming it.
     """
 
     spec = "default"
@@ -86,6 +177,13 @@ class DefaultStrategy(Strategy):
     def __init__(self, **options: dict | None) -> None:
         self.options = options
         self._built: dict[str, GrowthStrategy] = {}
+        # Every spec the default may run is built now, so that an option no component of theirs takes (or a value
+        # one refuses) is refused here, by name, and not at the first growth.
+        for spec in default_file_specs():
+            try:
+                self._built[spec] = make(spec, **options)
+            except ValueError as e:
+                raise ValueError(f"default, which runs {spec} in some regime: {e}") from None
 
     def choice(self, device: object, d_e: int) -> DefaultChoice:
         """Which spec runs for inputs on ``device`` of width ``d_e``, and why."""
@@ -133,13 +231,22 @@ class DefaultStrategy(Strategy):
                 ".new_statistics()")
         result = strategy.grow(W_Q, W_K, X, G, p, loss_of_scores, scale=scale, new_scale=new_scale, mask=mask,
                                stats=stats)
-        result.info["default_regime"] = chosen.regime.key
+        info = result.info
+        info["default_regime"] = chosen.regime.key
+        info["default_evidence"] = chosen.evidence()
+        info["statistics_needed"] = {"batches": chosen.batches, "tokens_per_d_e2": chosen.tokens_per_entry}
         if chosen.note:
             result.fallback.append(f"default: {chosen.note}")
         if not chosen.generalises:
+            # The statement itself says which strategy ran and why (the one that harms least, or the rule's choice
+            # where growth works, shown harmless elsewhere): its own field, not repeated here.
             result.fallback.append(
-                f"default: growth does not generalise in {(chosen.source or chosen.regime).describe()} by the "
-                f"evidence of {DEFAULT_FILE}; ran {chosen.spec}, the strategy that harms least ({chosen.statement})")
+                f"default: growth does not generalise in {(chosen.source or chosen.regime).describe()} on some of "
+                f"its data, by the evidence of {DEFAULT_FILE}; ran {chosen.spec} (info['default_evidence'] says where "
+                "and why)")
+        short = _fewer_statistics(chosen, info)
+        if short:
+            result.fallback.append(short)
         return result
 
     # grow and direction delegate whole; these keep the abstract interface honest for callers of the parts.

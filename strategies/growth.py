@@ -34,18 +34,19 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from ._checks import check_batch, check_factors, check_scale, pow2_scale, range_dtype
+from ._checks import abs_max, check_batch, check_factors, check_scale, pow2_scale, range_dtype
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem, truncated_scores
 from .result import GrowthResult
 from .signal import signal_share
 from .statistics import Statistics
-from .timing import synchronize, timed
+from .timing import Profile, section, synchronize, timed
 from .truncation import Metric, Truncation
 
 #: ``max|G|`` outside this range is rescaled by a power of two before anything is computed from
@@ -76,7 +77,8 @@ class _CountedLoss:
     def __call__(self, S: Tensor) -> Tensor:
         self.calls += 1
         cast = self.dtype is not None and S.dtype != self.dtype
-        out = self.fn(S.to(self.dtype) if cast else S)
+        with section("loss calls"):
+            out = self.fn(S.to(self.dtype) if cast else S)
         if not torch.is_tensor(out) or out.numel() != 1:
             raise ValueError(f"loss_of_scores must return a scalar tensor, got {out!r:.80}")
         if out.is_complex() or out.device.type == "meta":
@@ -126,6 +128,11 @@ class StepContext:
         the step takes at the λ chosen on held-out data (None: the step takes the searched one).
     x_max : float
         ``max|X|`` of the caller's batch (NaN where not measured).
+    profile : Profile or None
+        The growth's sections (:class:`strategies.timing.Profile`), ``info["profile"]`` at the end.
+    inputs : tuple or None
+        The caller's ``(X, G, mask)`` as passed (before any conversion): statistics recognise their last
+        batch by these tensors' identity (:meth:`Statistics.is_last`).
     """
 
     X: Tensor
@@ -146,6 +153,8 @@ class StepContext:
     heldout_samples: Tensor | None = None
     refit_stats: Statistics | None = None
     x_max: float = math.nan
+    profile: Profile | None = None
+    inputs: tuple | None = None
 
 
 class Strategy(ABC):
@@ -175,7 +184,10 @@ class Strategy(ABC):
     def _stats(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
         X, G, mask = ctx.X, ctx.G, ctx.mask
         if stats is None:
-            return self.new_statistics()._add(X, G, mask)  # grow() has validated the batch
+            with section("statistics"):
+                own = self.new_statistics()._add(X, G, mask)  # grow() has validated the batch
+            _host_reads(ctx, own.host_reads)
+            return own
         if type(stats) is not type(self.new_statistics()):
             raise ValueError(
                 f"stats of type {type(stats).__name__} do not fit {self.spec!r}: use this strategy's new_statistics()"
@@ -306,38 +318,68 @@ class Strategy(ABC):
         see :func:`zero_step`.
         """
         t_start = time.perf_counter()
-        mask = check_batch(X, G, mask)
-        check_factors(W_Q, W_K, X.shape[-1], p)
-        for name, W in (("W_Q", W_Q), ("W_K", W_K)):
-            if W.dtype != X.dtype or W.device != X.device:
-                raise ValueError(f"{name} ({W.dtype}, {W.device}) must match X ({X.dtype}, {X.device})")
+        profile = Profile(getattr(X, "device", None))
+        with profile.active():
+            result, caller_stats = self._grow(W_Q, W_K, X, G, p, loss_of_scores, scale, new_scale, mask, stats,
+                                               profile)
+        # Statistics the caller accumulated were timed when they were built: count them in (the caller's, not the
+        # part a +holdout step split off them, whose time is inside this call's).
+        outside = 0.0 if caller_stats is None else caller_stats.elapsed
+        if outside:
+            profile.add("statistics", outside)
+        result.timings["statistics"] = result.timings.get("statistics", 0.0) + outside
+        result.timings["total"] = time.perf_counter() - t_start + outside
+        result.info["profile"] = profile.as_info(result.timings["total"])
+        return result
+
+    def _grow(self, W_Q: Tensor, W_K: Tensor, X: Tensor, G: Tensor, p: int,
+              loss_of_scores: Callable[[Tensor], Tensor], scale: float | None, new_scale: float | None,
+              mask: Tensor | None, stats: Statistics | None,
+              profile: Profile | None = None) -> tuple[GrowthResult, Statistics | None]:
+        """:meth:`grow` inside its profile: the result (``timings`` without ``total``, ``statistics`` without the
+        caller's) and the caller's statistics (None when the growth made its own)."""
+        with section("inputs"):
+            mask = check_batch(X, G, mask)
+            check_factors(W_Q, W_K, X.shape[-1], p)
+            for name, W in (("W_Q", W_Q), ("W_K", W_K)):
+                if W.dtype != X.dtype or W.device != X.device:
+                    raise ValueError(f"{name} ({W.dtype}, {W.device}) must match X ({X.dtype}, {X.device})")
         out_dtype = X.dtype
+        caller_stats = stats
         own_stats = stats is None
         ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask)
+        ctx.profile, ctx.inputs = profile, (X, G, mask)
         stats = self._stats(ctx, stats)
         ctx.log[:0] = stats.log
-        ctx.timings["statistics"] = stats.elapsed
+        # Statistics made here were timed as they were made: the growth's own, and the part +holdout split off.
+        made_here = (stats if ctx.refit_stats is None else ctx.refit_stats).elapsed if own_stats else 0.0
+        ctx.timings["statistics"] = made_here + (stats.elapsed if ctx.heldout_samples is not None else 0.0)
         # The tokens behind the direction the step takes: every sample's where +holdout refits.
         tokens = (stats if ctx.refit_stats is None else ctx.refit_stats).tokens
         ctx.info["statistics_tokens"] = tokens
         ctx.info["tokens_per_d_e2"] = tokens / X.shape[-1] ** 2
-        if own_stats and ctx.heldout_samples is None:
-            ctx.M_batch = stats.sum_M
+        ctx.info["statistics_batches"] = 1 if own_stats else caller_stats.n_batches
+        ctx.M_batch = _batch_gradient(ctx, stats, caller_stats)
         try:
             W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p)
         except torch.linalg.LinAlgError as e:  # inputs in range can still defeat an eigensolver: keep the function
             W_Q2, W_K2, lam = zero_step(ctx, W_Q, W_K, p, f"{self.spec}: a factorisation failed ({_first_line(e)})")
-        if not _fits(out_dtype, W_Q2, W_K2):
-            largest = float(torch.stack([W_Q2.abs().amax(), W_K2.abs().amax()]).amax())
-            W_Q2, W_K2, lam = zero_step(
-                ctx, W_Q, W_K, p, f"step: the new factors (max |entry| {largest:.3g}) do not fit {out_dtype}")
+            ctx.log.append(f"no step: the statistics could not be factorised into a direction; {_KEPT}")
+        with section("finish"):
+            _host_reads(ctx, 1)  # _fits
             if not _fits(out_dtype, W_Q2, W_K2):
-                raise ValueError(f"scale, new_scale: the current factors times sqrt(scale / new_scale) = "
-                                 f"{math.sqrt(ctx.scale / ctx.new_scale):.3g} do not fit {out_dtype}")
-        result = finish_step(ctx, W_Q2, W_K2, lam, out_dtype, self.spec)
-        # Statistics the caller accumulated were timed when they were built: count them in.
-        result.timings["total"] = time.perf_counter() - t_start + (0.0 if own_stats else stats.elapsed)
-        return result
+                largest = float(torch.stack([W_Q2.abs().amax(), W_K2.abs().amax()]).amax())
+                W_Q2, W_K2, lam = zero_step(
+                    ctx, W_Q, W_K, p, f"step: the new factors (max |entry| {largest:.3g}) do not fit {out_dtype}")
+                ctx.log.append(f"no step: the step's new columns are too large for {out_dtype} (X is too small for "
+                               f"any step of one logit); {_KEPT}")
+                if not _fits(out_dtype, W_Q2, W_K2):
+                    raise ValueError(f"scale, new_scale: the current factors times sqrt(scale / new_scale) = "
+                                     f"{math.sqrt(ctx.scale / ctx.new_scale):.3g} do not fit {out_dtype}")
+            result = finish_step(ctx, W_Q2, W_K2, lam, out_dtype, self.spec)
+        # Every loss call hands its value to the host (the search decides on it), as do the reads counted on the way.
+        _host_reads(ctx, 4 + ctx.loss.calls)  # + the finiteness checks of X, G, W_Q and W_K
+        return result, (None if own_stats else caller_stats)
 
 
 def start_step(
@@ -374,21 +416,23 @@ def start_step(
     scale = check_scale("scale", 1.0 / math.sqrt(max(d_k, 1)) if scale is None else scale)
     new_scale = check_scale("new_scale", scale if new_scale is None else new_scale)
     out_dtype = X.dtype
-    # One host transfer for both magnitudes: X's picks the compute dtype, G's its rescaling.
-    x_max, g_max = torch.stack([X.detach().abs().amax(), G.detach().abs().amax()]).tolist()
-    cdt = range_dtype(X, x_max)
-    # The loss sees scores in the caller's dtype whatever the compute dtype: a half-precision
-    # model's rest (values, projections) cannot take float32 scores.
-    loss = _CountedLoss(loss_of_scores, out_dtype)
-    # Detached: the inputs are data here, and a result must never carry the caller's graph.
-    X, G, W_Q, W_K = (t.detach().to(cdt) for t in (X, G, W_Q, W_K))
-    g_scale = 1.0
-    if g_max > 0 and not (G_RANGE[0] <= g_max <= G_RANGE[1]):
-        g_scale = float(pow2_scale(G))
-        G = G / g_scale  # exact: a power of two
+    with section("inputs"):
+        # One host transfer for both magnitudes: X's picks the compute dtype, G's its rescaling.
+        x_max, g_max = torch.stack([abs_max(X.detach()), abs_max(G.detach())]).tolist()
+        cdt = range_dtype(X, x_max)
+        # The loss sees scores in the caller's dtype whatever the compute dtype: a half-precision
+        # model's rest (values, projections) cannot take float32 scores.
+        loss = _CountedLoss(loss_of_scores, out_dtype)
+        # Detached: the inputs are data here, and a result must never carry the caller's graph.
+        X, G, W_Q, W_K = (t.detach().to(cdt) for t in (X, G, W_Q, W_K))
+        g_scale = 1.0
+        if g_max > 0 and not (G_RANGE[0] <= g_max <= G_RANGE[1]):
+            g_scale = float(pow2_scale(G))
+            G = G / g_scale  # exact: a power of two
     with torch.no_grad():
-        Z = scale * W_Q @ W_K.mT
-        S0 = scale * (X @ W_Q) @ (X @ W_K).mT  # through the rank-d_k factors: cheaper than X Z Xᵀ
+        with section("current scores"):
+            Z = scale * W_Q @ W_K.mT
+            S0 = scale * (X @ W_Q) @ (X @ W_K).mT  # through the rank-d_k factors: cheaper than X Z Xᵀ
         loss0 = float(loss(S0))
     if not math.isfinite(loss0):
         s_max = float(S0.abs().amax())
@@ -398,6 +442,7 @@ def start_step(
         raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
     ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
                       g_scale=g_scale, x_max=x_max)
+    _host_reads(ctx, 1)  # the two magnitudes (the loss calls are counted at the end)
     if g_scale != 1.0:
         ctx.info["g_scale"] = g_scale
     return ctx, W_Q, W_K
@@ -453,6 +498,7 @@ def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtyp
             Gm = G if ctx.mask is None else G.masked_fill(~ctx.mask, 0.0)
             M = X.reshape(-1, X.shape[-1]).mT @ (Gm @ X).reshape(-1, X.shape[-1])
         first_order = float(-(M * dZ).sum()) * ctx.g_scale
+        _host_reads(ctx, 2)  # _fits above, the first-order decrease
     if not math.isfinite(loss_after):
         # Never a silent NaN: the record says so, and GrowthResult.loss_after_finite is False.
         log.append(f"loss: loss_of_scores returned {loss_after} at the new factors (λ = {lam:.3g})")
@@ -504,6 +550,32 @@ def zero_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, p: int, reason: str) -
     return (*append_columns(ctx, W_Q, W_K, zeros, zeros), 0.0)
 
 
+def _host_reads(ctx: StepContext, n: int) -> None:
+    """Count ``n`` points where the growth reads a number on the host (on a GPU, a synchronisation each) into
+    ``info["host_syncs"]``; the profile's own synchronisations are not among them."""
+    ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + n
+
+
+def _batch_gradient(ctx: StepContext, stats: Statistics, caller_stats: Statistics | None) -> Tensor | None:
+    """``Σ_b X_bᵀ G_b X_b`` of the batch ``grow`` was given, ``(d_e, d_e)``, where statistics already hold it as
+    :func:`finish_step` would compute it (the same products of the same numbers, so bit for bit); None otherwise.
+
+    That is the case for statistics the growth made of the batch alone (``+holdout``'s full ones included),
+    and for the caller's statistics whose last update had the very tensors given to ``grow``
+    (:meth:`Statistics.is_last`), in the dtype and on the device the growth computes in, with ``G`` not
+    rescaled (their sums are of the caller's ``G``). Saves ``finish_step`` a pass of two products over the
+    batch: about a third of a statistics update.
+    """
+    if caller_stats is None:
+        own = stats if ctx.refit_stats is None else ctx.refit_stats  # every sample's, where +holdout split them
+        return own.sum_M if ctx.heldout_samples is None or own is not stats else None
+    M = caller_stats.last_batch_sum("sum_M")
+    if (M is None or ctx.inputs is None or ctx.g_scale != 1.0 or M.dtype != ctx.X.dtype
+            or M.device != ctx.X.device or not caller_stats.is_last(*ctx.inputs)):
+        return None
+    return M
+
+
 def _fits(dtype: torch.dtype, *tensors: Tensor) -> bool:
     """Whether every entry of ``tensors`` is finite in ``dtype`` (one host transfer)."""
     return bool(torch.stack([torch.isfinite(t.to(dtype)).all() for t in tensors]).all())
@@ -543,9 +615,19 @@ class GrowthStrategy(Strategy):
     def _stats(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
         if not self.holds_out:
             return super()._stats(ctx, stats)
+        with section("holdout split"):
+            return self._holdout_stats(ctx, stats)
+
+    def _holdout_stats(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
+        """``+holdout``'s statistics: those the direction is made from, with ``ctx.refit_stats`` and
+        ``ctx.heldout_samples`` set where the step refits (docs/mathematics.md §5.4)."""
         if stats is not None:
             stats = super()._stats(ctx, stats)
-            where = stats.batch_index(ctx.X)
+            # The very tensors of the last update need no fingerprint (a pass over the batch) to be found.
+            where = stats.n_batches - 1 if ctx.inputs is not None and stats.is_last(*ctx.inputs) else None
+            if where is None:
+                _host_reads(ctx, 1)
+                where = stats.batch_index(ctx.X)
             if where is None:
                 ctx.info["holdout"] = "the statistics never saw the λ batch"
                 return stats
@@ -567,15 +649,21 @@ class GrowthStrategy(Strategy):
         ctx.heldout_samples = ~even
         ctx.info["holdout"] = ("the direction from the batch's samples of even index, λ from those of odd index; "
                                "the step refits on every sample")
+        ctx.log.append("holdout: one statistics batch: λ chosen on its odd samples with the direction of its even "
+                       "ones, then refit on all (with 2 batches or more, λ is chosen on a whole batch)")
         ctx.refit_stats = super()._stats(ctx, stats)
-        return self.new_statistics()._add(ctx.X[even], ctx.G[even], mask)
+        # Statistics no caller sees: no fingerprint, since no batch is ever looked up in them.
+        half = self.new_statistics()._add(ctx.X[even], ctx.G[even], mask, fingerprint=False)
+        _host_reads(ctx, half.host_reads)
+        return half
 
     def _direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
         return self.averaging.direction(stats, log, info)
 
     def _finish(self, ctx: StepContext, prob: SearchProblem, lam: float, loss_at: float):
         """The line search's finishing step at ``lam``, with the whole batch's loss there: ``(U, s, V, λ, loss)``."""
-        U, s, V, lam, loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
+        with section("line search"):
+            U, s, V, lam, loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
         if lam > 0 and (ctx.heldout_samples is not None or loss_after is None or not math.isfinite(loss_after)):
             # The search moved part of the batch, or judged another direction: the whole batch's loss at the step.
             with torch.no_grad():
@@ -587,7 +675,8 @@ class GrowthStrategy(Strategy):
         the λ chosen with the held-out direction (λ is in the same units: RMS logits on the batch)."""
         ctx.info["refit"] = True
         ctx.heldout_samples = None
-        with timed(ctx.timings, "direction", ctx.X.device), torch.no_grad():
+        prefixed = ctx.profile.prefixed("refit: ") if ctx.profile is not None else nullcontext()
+        with timed(ctx.timings, "direction", ctx.X.device), torch.no_grad(), prefixed:
             return build_search_problem(self, ctx.refit_stats, ctx, rank, penalise=False)
 
     def path_statistics(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
@@ -600,17 +689,25 @@ class GrowthStrategy(Strategy):
         return ctx.refit_stats
 
     def _step(self, ctx: StepContext, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int):
+        held_out = ("half" if ctx.heldout_samples is not None
+                    else "batch" if self.holds_out and "holdout" in ctx.info else "")
+        W_Q2, W_K2, lam, why = self._take_step(ctx, W_Q, W_K, stats, p)
+        if lam == 0:
+            ctx.log.append(_why_no_step(why, held_out, ctx))
+        return W_Q2, W_K2, lam
+
+    def _take_step(self, ctx: StepContext, W_Q: Tensor, W_K: Tensor, stats: Statistics, p: int):
+        """:meth:`_step`, and where a λ = 0 comes from: ``"inputs"``, ``"direction"`` or ``"search"``."""
         if ctx.x_max == 0:  # no factorisation of all-zero statistics can say more, and some would only say it noisily
-            return zero_step(ctx, W_Q, W_K, p, "direction: X = 0, so no change of Z moves the scores")
+            return *zero_step(ctx, W_Q, W_K, p, "direction: X = 0, so no change of Z moves the scores"), "inputs"
         rank = W_Q.shape[1] + p
-        calls_before = ctx.loss.calls
         with timed(ctx.timings, "direction", ctx.X.device), torch.no_grad():
             prob = build_search_problem(self, stats, ctx, rank)
         ctx.timings.setdefault("line_search", 0.0)
         ctx.timings.setdefault("truncation", 0.0)
         lam, loss_at, searched = 0.0, math.nan, None
         if prob is not None:
-            with timed(ctx.timings, "line_search", ctx.X.device):
+            with timed(ctx.timings, "line_search", ctx.X.device), section("line search"):
                 lam, loss_at = self.line_search.search(prob, ctx.log, ctx.info)
             if ctx.refit_stats is not None and lam > 0:
                 searched = (prob, lam, loss_at, ctx.heldout_samples)
@@ -627,10 +724,40 @@ class GrowthStrategy(Strategy):
                 ctx.info["refit"] = False
                 prob, lam, loss_at, ctx.heldout_samples = searched
                 U, s, V, lam, ctx.loss_after = self._finish(ctx, prob, lam, loss_at)
-        # Every loss call hands its value to the host; so do the builder and the factorisations.
-        ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + ctx.loss.calls - calls_before
         root = s.clamp_min(0).sqrt() / math.sqrt(ctx.new_scale)
-        return U * root, V * root, lam
+        return U * root, V * root, lam, ("direction" if prob is None else "search")
+
+
+#: How every ``no step:`` line ends: what the block is left as (λ = 0 truncates ``Z`` itself, whose rank fits: the
+#: same function up to rounding; the zero step's columns are exactly zero).
+_KEPT = "the block computes what it did before"
+
+
+def _why_no_step(why: str, held_out: str, ctx: StepContext) -> str:
+    """The line that says, in a user's words, why a growth took no step (λ = 0; the lines before it say how).
+
+    ``why`` is where λ = 0 came from (:meth:`GrowthStrategy._take_step`); ``held_out`` whether λ was searched on
+    half of the one statistics batch (``"half"``), on a batch the direction did not see (``"batch"``) or on the
+    direction's own data (``""``)."""
+    kept = _KEPT
+    if why == "inputs":
+        return f"no step: the inputs X are all zero, so no new query/key columns can change the scores; {kept}"
+    if why == "direction":
+        return (f"no step: from these statistics no change of the query/key product can lower the loss "
+                f"(see the line above); {kept}")
+    last = ctx.log[-1] if ctx.log else ""
+    if last.startswith("damp:"):
+        return f"no step: the damped share of the step found does not lower the batch's loss; {kept}"
+    if "all optimism" in last or (ctx.info.get("signal_share", 1.0) <= 0 and "not a descent" in last):
+        return (f"no step: the split-half estimate finds no signal in the direction's decrease on its own samples "
+                f"(signal share {ctx.info.get('signal_share', math.nan):.2g}); more statistics batches may; {kept}")
+    if held_out == "half":
+        return ("no step: along the direction of half the one statistics batch, no step lowers the loss of its "
+                f"other half, so the direction does not generalise from it; accumulate more batches; {kept}")
+    if held_out == "batch":
+        return ("no step: along the direction of the statistics, no step lowers the loss of the batch it did not "
+                f"see, so it does not generalise from them; accumulate more batches; {kept}")
+    return f"no step: no step along the direction lowers this batch's loss; {kept}"
 
 
 def build_search_problem(
@@ -669,6 +796,15 @@ def build_search_problem(
     and the slope neither overflow nor underflow; the slope is in units of the caller's
     ``G`` (``ctx.G · ctx.g_scale``).
     """
+    # The section "score change" holds what the builder does besides the parts with sections of their own (the
+    # ridge's strength, the direction's solves, the metric, the split-half estimate): chiefly X P Xᵀ.
+    with section("score change"):
+        return _build_search_problem(strategy, stats, ctx, rank, penalise)
+
+
+def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: StepContext, rank: int,
+                          penalise: bool) -> SearchProblem | None:
+    """:func:`build_search_problem`'s body."""
     X, mask = ctx.X, ctx.mask
     # Statistics may hold another dtype or device than the batch (accumulated in float64, or
     # on another device): the direction and the metric are used with X, so they follow it.
@@ -676,8 +812,9 @@ def build_search_problem(
     P, halves = (strategy.averaging.direction_and_halves(stats, ctx.log, ctx.info) if shrink
                  else (strategy._direction(stats, ctx.log, ctx.info), None))
     P = P.to(dtype=X.dtype, device=X.device)
-    metric = (Metric(stats.mean_A.to(dtype=X.dtype, device=X.device), strategy.truncation.metric_rtol)
-              if strategy.truncation.metric else None)
+    with section("metric"):
+        metric = (Metric(stats.mean_A.to(dtype=X.dtype, device=X.device), strategy.truncation.metric_rtol)
+                  if strategy.truncation.metric else None)
     finite_t = torch.isfinite(P).all()
     D = X @ P @ X.mT
     if mask is not None:
@@ -717,9 +854,15 @@ def build_search_problem(
     loss = ctx.loss
     if ctx.heldout_samples is not None:
         held = ctx.heldout_samples[:, None, None]
+        kept = (~ctx.heldout_samples).nonzero().squeeze(1)
+        S0_kept = ctx.S0.index_select(0, kept)
 
-        def loss(S: Tensor, S0: Tensor = ctx.S0) -> Tensor:  # only the held-out samples' scores move
-            return ctx.loss(torch.where(held, S, S0))
+        def loss(S: Tensor) -> Tensor:  # only the held-out samples' scores move
+            with section("trial scores"):
+                # The trial's scores are a fresh tensor: writing the kept samples' current scores into it gives
+                # torch.where(held, S, S0)'s numbers without allocating a third batch of scores per trial.
+                S = torch.where(held, S, ctx.S0) if S.requires_grad else S.index_copy_(0, kept, S0_kept)
+            return ctx.loss(S)
 
     def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return strategy.truncation(Y, rank, metric)
@@ -742,7 +885,8 @@ def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor,
     if halves is None:
         ctx.log.append(f"shrink: {strategy.averaging.name} cannot split its direction into halves; λ not shrunk")
         return 0.0
-    share = signal_share(stats.half_sums(), halves, rank, metric)
+    with section("split-half estimate"):
+        share = signal_share(stats.half_sums(), halves, rank, metric)
     ctx.info["signal_share"] = share
     ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + 1
     kept = min(max(share, 0.0), 1.0) if math.isfinite(share) else 0.0

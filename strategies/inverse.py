@@ -22,14 +22,19 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from ._checks import check_number
 from .gram import PSDFactor, factor_psd
 from .registry import register
+from .timing import section
 
 #: The ridge strengths ``α`` that ``ridge`` tries, as multiples of the mean eigenvalue of ``A`` (0: no ridge).
 RIDGE_ALPHAS = (0.0, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 #: ``ridge``'s strength where no split-half statistics can choose one (per-sample and mean-input sandwiches,
 #: the joint preconditioner): the middle of the range it chooses from on the suite's data.
 RIDGE_FALLBACK_ALPHA = 1.0
+#: Numbers per stack of candidates in :func:`_honest_alpha` (256 KB of float64, so a stack's temporaries stay in a
+#: core's cache): the whole dozen up to d = 52, one at a time from d = 182 (measured: larger stacks were slower there).
+_STACK_NUMBERS = 2**15
 
 
 def default_rtol(dtype: torch.dtype, n: int) -> float:
@@ -84,6 +89,7 @@ class Pinv:
     name = "pinv"
 
     def __init__(self, rtol: float | None = None) -> None:
+        check_number("pinv rtol", rtol, optional=True)
         if rtol is not None and not (0 <= rtol < 1):
             raise ValueError(f"pinv rtol must be in [0, 1), got {rtol!r}")
         self.rtol = rtol
@@ -93,7 +99,8 @@ class Pinv:
 
         ``rtol`` is the caller's default cutoff (used when the component has none); ``halves`` is ignored.
         """
-        return _EigFactor(A, self.rtol if self.rtol is not None else rtol)
+        with section("factorisation"):
+            return _EigFactor(A, self.rtol if self.rtol is not None else rtol)
 
     def data_sandwich(self, X: Tensor, G: Tensor, log: list[str], GX: Tensor | None = None) -> Tensor:
         """``X^† G X^†ᵀ`` with ``X^†`` from the SVD of ``X (..., d_s, d_e)`` itself.
@@ -188,10 +195,13 @@ class Solve:
     """
 
     name = "solve"
+    #: :meth:`data_sandwich` reads one number on the host: how many of the batch's factorisations failed.
+    data_sandwich_host_reads = 1
 
     def __init__(self, method: str = "cholesky", rtol: float | None = None) -> None:
         if method not in ("cholesky", "lu"):
             raise ValueError(f"solve method must be 'cholesky' or 'lu', got {method!r}")
+        check_number("solve rtol", rtol, optional=True)
         if rtol is not None and not (0 <= rtol < 1):
             raise ValueError(f"solve rtol must be in [0, 1), got {rtol!r}")
         self.method = method
@@ -202,7 +212,8 @@ class Solve:
 
         ``rtol`` is the caller's default cutoff (used when the component has none); ``halves`` is ignored.
         """
-        return _SolveFactor(A, self.method, self.rtol if self.rtol is not None else rtol, log)
+        with section("factorisation"):
+            return _SolveFactor(A, self.method, self.rtol if self.rtol is not None else rtol, log)
 
     def data_sandwich(self, X: Tensor, G: Tensor, log: list[str], GX: Tensor | None = None) -> Tensor:
         """``(XᵀX)^{-1} XᵀGX (XᵀX)^{-1}``, equal to ``X^† G X^†ᵀ`` when ``X`` has full column rank.
@@ -258,6 +269,7 @@ class Ridge:
         if alpha != "auto" and (isinstance(alpha, bool) or not isinstance(alpha, int | float)
                                 or not math.isfinite(alpha) or alpha < 0):
             raise ValueError(f"ridge alpha must be 'auto' or a finite number >= 0, got {alpha!r}")
+        check_number("ridge rtol", rtol, optional=True)
         if rtol is not None and not (0 <= rtol < 1):
             raise ValueError(f"ridge rtol must be in [0, 1), got {rtol!r}")
         self.alpha = alpha
@@ -268,20 +280,22 @@ class Ridge:
 
         The chosen ``alpha`` and its honest cosine are the factor's ``alpha`` and ``cosine``.
         """
-        w, V = torch.linalg.eigh(A)
-        w = w.clamp_min(0)
-        tol = self.rtol if self.rtol is not None else (rtol if rtol is not None else default_rtol(A.dtype, A.shape[-1]))
-        mean_w = w.mean(dim=-1, keepdim=True)
-        alpha, cosine, syncs = self.alpha, math.nan, 0
-        if alpha == "auto":
-            if halves is not None and A.dim() == 2:
-                alpha, cosine = _honest_alpha(w, V, halves, tol)
-                syncs = 1
-            else:
-                alpha = RIDGE_FALLBACK_ALPHA
-                what = "batched Gram matrices" if A.dim() > 2 else "this Gram matrix"
-                log.append(f"ridge: no split-half statistics for {what}; alpha = {alpha:g}")
-        factor = _RidgeFactor(V, _ridge_inverse(w, alpha * mean_w, tol), float(alpha), syncs)
+        with section("ridge strength"):  # the eigh serves the strength search and the solves
+            w, V = torch.linalg.eigh(A)
+            w = w.clamp_min(0)
+            tol = self.rtol if self.rtol is not None else (rtol if rtol is not None
+                                                           else default_rtol(A.dtype, A.shape[-1]))
+            mean_w = w.mean(dim=-1, keepdim=True)
+            alpha, cosine, syncs = self.alpha, math.nan, 0
+            if alpha == "auto":
+                if halves is not None and A.dim() == 2:
+                    alpha, cosine = _honest_alpha(w, V, halves, tol)
+                    syncs = 1
+                else:
+                    alpha = RIDGE_FALLBACK_ALPHA
+                    what = "batched Gram matrices" if A.dim() > 2 else "this Gram matrix"
+                    log.append(f"ridge: no split-half statistics for {what}; alpha = {alpha:g}")
+            factor = _RidgeFactor(V, _ridge_inverse(w, alpha * mean_w, tol), float(alpha), syncs)
         factor.cosine = cosine
         return factor
 
@@ -301,20 +315,27 @@ def _ridge_inverse(w: Tensor, delta: Tensor, tol: float) -> Tensor:
 def _honest_alpha(w: Tensor, V: Tensor, halves: tuple[Tensor, Tensor], tol: float) -> tuple[float, float]:
     """The strength of :data:`RIDGE_ALPHAS` with the highest honest cosine (see :class:`Ridge`), and that cosine.
 
-    Computed in float64 in ``A``'s eigenbasis: each candidate costs ``O(d²)``.
+    Computed in float64 in ``A``'s eigenbasis: each candidate costs ``O(d²)``. The candidates are scored in
+    stacks of ``(k, d, d)``, ``k`` such that a stack fits a core's cache (:data:`_STACK_NUMBERS`): every
+    candidate's numbers are the ones a loop over them gives, bit for bit, in a tenth of the calls at small
+    ``d``, where the per-call overhead of a dozen small products per candidate was most of the ridge's time.
     """
     w64, V64 = w.double(), V.double()
     Ma, Mb = (V64.mT @ M.to(V64) @ V64 for M in halves)
     cross = Ma * Mb
+    both = Ma + Mb
     ww = w64[:, None] * w64[None, :]
     mean_w = w64.mean()
+    alphas = torch.tensor(RIDGE_ALPHAS, dtype=w64.dtype, device=w64.device)
+    d = w64.shape[-1]
+    k = max(1, min(len(RIDGE_ALPHAS), _STACK_NUMBERS // max(d * d, 1)))
     scores = []
-    for alpha in RIDGE_ALPHAS:
-        inv = _ridge_inverse(w64, alpha * mean_w, tol)
-        den = inv[:, None] * inv[None, :]
-        honest = 4 * (cross * den).sum()  # 2⟨M_a, P_b⟩ + 2⟨M_b, P_a⟩, the two terms equal here
-        norm = ((ww * ((Ma + Mb) * den) ** 2).sum()).sqrt()
+    for chunk in alphas.split(k):
+        inv = _ridge_inverse(w64[None, :], chunk[:, None] * mean_w, tol)  # (k, d): 1 / (w + δ) per candidate
+        den = inv[:, :, None] * inv[:, None, :]
+        honest = 4 * (cross * den).sum(dim=(1, 2))  # 2⟨M_a, P_b⟩ + 2⟨M_b, P_a⟩, the two terms equal here
+        norm = (ww * (both * den) ** 2).sum(dim=(1, 2)).sqrt()
         scores.append(torch.where(norm > 0, honest / norm, torch.full_like(norm, -math.inf)))
-    values = torch.stack(scores).tolist()  # one host transfer for the choice
+    values = torch.cat(scores).tolist()  # one host transfer for the choice
     best = max(range(len(RIDGE_ALPHAS)), key=lambda i: values[i])
     return RIDGE_ALPHAS[best], values[best]

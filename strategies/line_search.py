@@ -38,9 +38,10 @@ import torch
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
+from ._checks import check_number
 from .path_model import LocalModel
 from .registry import register
-from .timing import timed
+from .timing import section, timed
 
 METHODS = ("grid", "bounded", "newton", "quadratic", "bracket")
 #: Half-width on ``log λ`` of the bracket search's resolution: it stops once λ is known to about ±5%.
@@ -168,6 +169,12 @@ class LineSearch(ABC):
     ) -> None:
         if method not in self.methods:
             raise ValueError(f"unknown search method {method!r}; valid: {', '.join(self.methods)}")
+        for name, value in (("n_grid", n_grid), ("maxiter", maxiter), ("newton_steps", newton_steps),
+                            ("max_backtrack", max_backtrack), ("max_trials", max_trials)):
+            check_number(f"line search {name}", value, integer=True)
+        for name, value in (("lam_min", lam_min), ("lam_max", lam_max), ("gain_tol", gain_tol),
+                            ("trust_tol", trust_tol)):
+            check_number(f"line search {name}", value)
         if n_grid < 2:
             raise ValueError(f"n_grid must be >= 2, got {n_grid}")
         if not (0 < lam_min < lam_max):
@@ -456,6 +463,8 @@ class LineSearch(ABC):
             # when the part of P̂ outside Z's spaces has rank <= p (docs/mathematics.md §5.1).
             path = self._fast_path if lam == 0.0 else self.scores
             derivatives = self._derivatives(prob, lam, path)
+            if derivatives is not None:  # the pass's loss is one loss call; its two derivatives are two more reads
+                info["host_syncs"] = info.get("host_syncs", 0) + 2
             if derivatives is None:  # a detached loss (.item(), numpy, .detach()): search it without derivatives
                 log.append(f"newton: loss_of_scores has no derivative along λ at λ={lam:.3g} (it returned a tensor "
                            "outside autograd's graph); used the bounded search instead")
@@ -521,7 +530,8 @@ def truncated_scores(X: Tensor, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
 
     ``X U`` and ``X V`` are ``(b, d_s, r)``: cheaper than forming ``X Z' Xᵀ`` through ``d_e``.
     """
-    return ((X @ U) * s) @ (X @ V).mT
+    with section("trial scores"):
+        return ((X @ U) * s) @ (X @ V).mT
 
 
 @register("line_search")
@@ -547,7 +557,8 @@ class FastSearch(LineSearch):
     name = "fast"
 
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
-        return self._fast_path(prob, lam)
+        with section("trial scores"):
+            return self._fast_path(prob, lam)
 
     def finish(self, prob, lam, loss_at, log, info):
         U, s, V, lam, _ = super().finish(prob, lam, loss_at, log, info)

@@ -37,12 +37,20 @@ class GrowthResult:
         CG not converged, a search method replaced by another.
     timings : dict
         Seconds per phase: ``statistics``, ``direction``, ``line_search``, ``truncation``, ``total``.
+        ``statistics`` and ``total`` include the caller's statistics (their timed updates) once.
     spec : str
         Canonical spec of the strategy.
     info : dict
         Solver diagnostics (CG iterations and residual, Newton proposal...); ``g_scale``
         when an extreme ``G`` was rescaled by that power of two; ``loss_after_float32``,
-        the step's loss before a half-precision input's rounding.
+        the step's loss before a half-precision input's rounding; ``host_syncs``, every number the
+        growth read on the host (a synchronisation each on a GPU); ``statistics_tokens``,
+        ``tokens_per_d_e2`` and ``statistics_batches``, the statistics behind the step;
+        ``profile``, the growth section by section (:class:`strategies.timing.Profile`:
+        ``{"ms": {section: ms}, "calls": {...}, "loss_call_ms": [...], "total_ms": ...}``). The
+        ``default`` preset adds ``default_regime``, ``default_evidence`` (one line: the regime's
+        verdict, and where its evidence is) and ``statistics_needed`` (the statistics its evidence
+        shows it generalising from).
     """
 
     W_Q: Tensor

@@ -30,6 +30,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import stat
 import warnings
 from dataclasses import dataclass
@@ -247,11 +248,56 @@ def check_default_choice(spec: object) -> str:
 
 @dataclass(frozen=True)
 class _Entry:
-    """One regime's entry of ``default.json``: its spec and whether growth generalises there."""
+    """One regime's entry of ``default.json``: its spec, whether growth generalises there, and the least
+    statistics with which its evidence shows the spec lowering the held-out loss (see :func:`_least_statistics`)."""
 
     spec: str
     generalises: bool = True
     statement: str = ""
+    batches: int | None = None
+    tokens_per_entry: float | None = None
+
+
+def _least_statistics(entry: dict) -> tuple[int | None, float | None]:
+    """The fewest statistics batches and tokens per entry of ``P`` (``tokens / d_e²``) among the datasets on which a
+    regime's evidence shows its choice lowering the held-out loss beyond noise; ``(None, None)`` where the entry
+    does not say (a hand-written file, an older one). Read leniently: this is advice, not the choice."""
+    evidence, datasets = entry.get("evidence"), entry.get("datasets")
+    if not isinstance(evidence, dict):
+        return None, None
+    batches, tokens = [], []
+    for name, ev in evidence.items():
+        if not isinstance(ev, dict) or ev.get("lowers") is not True:
+            continue
+        per_entry = ev.get("tokens_per_d_e2")
+        if isinstance(per_entry, int | float) and not isinstance(per_entry, bool) and per_entry > 0:
+            tokens.append(float(per_entry))
+        setup = datasets.get(name) if isinstance(datasets, dict) else None
+        found = re.search(r"\bn_batches=(\d+)\b", setup) if isinstance(setup, str) else None
+        if found:
+            batches.append(int(found.group(1)))
+    return (min(batches) if batches else None), (min(tokens) if tokens else None)
+
+
+class _NotRegular(OSError):
+    """``default.json`` is there but is no regular file."""
+
+
+def _read_regular(path: object) -> str:
+    """The text of ``path`` if it is a regular file; ``OSError`` otherwise, without ever blocking on it.
+
+    Opened non-blocking and checked on the open descriptor (no window between a check and the open in which the
+    file could be swapped for a FIFO): opening a FIFO that way returns at once, and it is then refused unread. A
+    Traversable without a file system path (inside a zip) is read as it is.
+    """
+    try:
+        fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except TypeError:  # no file system path: a resource inside a zip, a regular member by construction
+        return path.read_text(encoding="utf-8")
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotRegular("not a regular file (a folder, FIFO or device); not read")
+        return handle.read().decode("utf-8")
 
 
 def _read_default(path: object) -> dict[Regime, _Entry] | str:
@@ -264,17 +310,9 @@ def _read_default(path: object) -> dict[Regime, _Entry] | str:
     device could be endless. JSON nested too deeply for the parser is refused like invalid JSON.
     """
     try:
-        mode = os.stat(path).st_mode  # a Traversable inside a zip has no file system path
-    except TypeError:
-        mode = stat.S_IFREG
-    except FileNotFoundError:
-        raise ValueError("file not found") from None
-    except OSError as e:
-        raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
-    if not stat.S_ISREG(mode):
-        raise ValueError("not a regular file (a folder, FIFO or device); not read")
-    try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_regular(path)
+    except _NotRegular as e:
+        raise ValueError(str(e)) from None
     except FileNotFoundError:
         raise ValueError("file not found") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -307,7 +345,7 @@ def _read_default(path: object) -> dict[Regime, _Entry] | str:
         statement = entry.get("statement", "")
         if not isinstance(generalises, bool) or not isinstance(statement, str):
             raise ValueError(f'regime {key!r}: "generalises" must be true or false and "statement" a string')
-        out[regime] = _Entry(spec, generalises, statement)
+        out[regime] = _Entry(spec, generalises, statement, *_least_statistics(entry))
     return out
 
 
@@ -331,6 +369,10 @@ class DefaultChoice:
         ``spec`` is then the one that harms least.
     statement : str
         The evidence's verdict in plain words.
+    batches, tokens_per_entry : int, float or None
+        The fewest statistics batches, and tokens per entry of ``P`` (``tokens / d_e²``), with which the evidence
+        shows ``spec`` lowering the held-out loss beyond noise in ``source`` (None where it does not say): below
+        them a growth runs on statistics its choice was never shown to generalise from.
     """
 
     spec: str
@@ -339,6 +381,18 @@ class DefaultChoice:
     note: str = ""
     generalises: bool = True
     statement: str = ""
+    batches: int | None = None
+    tokens_per_entry: float | None = None
+
+    def evidence(self) -> str:
+        """One line: the regime's verdict (the statement's first sentence) and where its evidence is."""
+        where = self.source or self.regime
+        first = self.statement.split(". ")[0].strip().rstrip(".")
+        if not first:
+            first = ("growth generalises here" if self.generalises
+                     else "growth with these statistics does not generalise here")
+        return (f"{where.describe()}: {first}. Evidence: strategies/{DEFAULT_FILE} (regime {where.key}) and the "
+                "report's 'What to use' section.")
 
 
 def _choices() -> tuple[dict[Regime, _Entry] | str, str]:
@@ -350,11 +404,22 @@ def _choices() -> tuple[dict[Regime, _Entry] | str, str]:
         problem = str(e).replace("\n", " ")
         if (str(path), problem) not in _WARNED:
             _WARNED.add((str(path), problem))
-            # warn_explicit at the file itself, line 0: the default formatter then prints one
-            # line that starts with the file's path, and no source line of this module.
+            # warn_explicit with the file's path in angle brackets as the source: the default formatter prints one
+            # line starting with it, and linecache, which the formatter asks for the source line, never opens a
+            # name in angle brackets (it would open the file itself: a FIFO there hung every command).
             warnings.warn_explicit(f"{path}: {problem}; using the built-in default {BUILTIN_DEFAULT}",
-                                   DefaultFileWarning, str(path), 0)
+                                   DefaultFileWarning, f"<{path}>", 0)
         return BUILTIN_DEFAULT, f"{path} is unusable ({problem}): the built-in default {BUILTIN_DEFAULT} is used"
+
+
+def default_file_specs() -> list[str]:
+    """Every distinct spec ``default.json`` names (``[BUILTIN_DEFAULT]`` when it is unusable), read without the
+    warning :func:`default_choice` gives about a damaged file: for checking options against what may run."""
+    try:
+        choices = _read_default(resources.files(__package__).joinpath(DEFAULT_FILE))
+    except ValueError:
+        return [BUILTIN_DEFAULT]
+    return [choices] if isinstance(choices, str) else list(dict.fromkeys(e.spec for e in choices.values()))
 
 
 def default_choice(device: object = "cpu", d_e: int | None = None) -> DefaultChoice:
@@ -385,7 +450,8 @@ def _choice_in(regime: Regime, choices: dict[Regime, _Entry] | str, problem: str
         f"no evidence for {regime.describe()} in {DEFAULT_FILE}: using the choice of its nearest regime, "
         f"{source.describe()}")
     entry = choices[source]
-    return DefaultChoice(entry.spec, regime, source, note, entry.generalises, entry.statement)
+    return DefaultChoice(entry.spec, regime, source, note, entry.generalises, entry.statement, entry.batches,
+                         entry.tokens_per_entry)
 
 
 def default_spec(device: object = "cpu", d_e: int | None = None) -> str:

@@ -15,7 +15,9 @@ Two more things make a step judge itself by data it did not fit (docs/mathematic
 - The last batch's contribution is kept apart, so :meth:`Statistics.without_last` can hand
   a ``+holdout`` line search statistics that never saw the batch it chooses λ on. A cheap
   fingerprint of every batch (its shape, float64 sum and sum of squares) tells which batches
-  the sums hold.
+  the sums hold. The last batch's tensors are also remembered by identity (weak references,
+  their memory and version counters, :meth:`Statistics.is_last`): a growth handed the very
+  tensors of the last update reuses that batch's ``X_bᵀ G_b X_b`` instead of computing it again.
 
 Precision: the first batch fixes the statistics' dtype and device, float32 for
 float16/bfloat16 batches and float64 for a batch whose magnitude leaves float32's range
@@ -26,6 +28,7 @@ of mixed dtypes accumulate in one precision.
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 from torch import Tensor
@@ -35,9 +38,33 @@ from .timing import timed
 
 
 def _fingerprint(X: Tensor) -> Tensor:
-    """``(Σx, Σx²)`` of a batch in float64, ``(2,)``: what tells one batch from another."""
-    X64 = X.to(torch.float64)
-    return torch.stack([X64.sum(), (X64 * X64).sum()])
+    """``(Σx, Σx²)`` of a batch, ``(2,)`` float64: what tells one batch from another.
+
+    Each row's ``d_e`` entries are reduced in ``X``'s own dtype (relative error ~``d_e · eps``, far below
+    the 1e-5 that :meth:`Statistics.batch_index` tolerates), the rows' sums in float64: two passes over
+    ``X`` and no copy of it, where a float64 copy of the whole batch cost 30 to 40 times more (and as
+    much again in the floor every growth is measured against).
+    """
+    return torch.stack([X.sum(-1).double().sum(), torch.linalg.vector_norm(X, dim=-1).double().square().sum()])
+
+
+def _identity(t: Tensor | None) -> tuple | None:
+    """What makes ``t`` the same data later: its storage's owner (weakly), where it points, its layout and its
+    version counter, which every in-place change (of it, or of a view of the same memory) advances."""
+    if t is None:
+        return None
+    owner = t._base if t._base is not None else t
+    return (weakref.ref(owner), t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, t._version)
+
+
+def _same(t: Tensor | None, identity: tuple | None) -> bool:
+    """Whether ``t`` is the data ``identity`` (from :func:`_identity`) was taken of, unchanged since."""
+    if t is None or identity is None:
+        return t is None and identity is None
+    ref, *rest = identity
+    owner = t._base if t._base is not None else t
+    # The owner still alive and the same object: its memory cannot have been freed and reused.
+    return ref() is owner and rest == [t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, t._version]
 
 
 class Statistics:
@@ -52,6 +79,9 @@ class Statistics:
         the device of the first batch (see the module docstring on precision).
     elapsed : float
         Seconds spent in ``update`` (synchronised on CUDA).
+    host_reads : int
+        Numbers read on the host while accumulating (on a GPU, a synchronisation each): the first batch's
+        magnitude, which fixes the dtype, and whatever a subclass's products read.
     log : list of str
         Fallbacks that happened while accumulating.
     """
@@ -63,13 +93,16 @@ class Statistics:
         self.sum_M: Tensor | None = None
         self.sum_M_even: Tensor | None = None
         self.elapsed = 0.0
+        self.host_reads = 0
         self.log: list[str] = []
         self._timings: dict[str, float] = {}
         #: Per batch: (shape, float64 sum and sum of squares of X) as tensors, compared only when a growth asks (no
-        #: host sync here).
-        self._fingerprints: list[tuple[tuple[int, ...], Tensor]] = []
+        #: host sync here); None for a batch taken without one (``_add(..., fingerprint=False)``).
+        self._fingerprints: list[tuple[tuple[int, ...], Tensor | None]] = []
         #: The last batch's contribution to every running sum, by attribute name (for :meth:`without_last`).
         self._last: dict[str, Tensor] = {}
+        #: The last batch's ``(X, G, mask)`` as passed, by identity (:func:`_identity`), for :meth:`is_last`.
+        self._last_inputs: tuple | None = None
 
     def update(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> Statistics:
         """Accumulate one batch.
@@ -97,18 +130,21 @@ class Statistics:
         """
         return self._add(X, G, check_batch(X, G, mask))
 
-    def _add(self, X: Tensor, G: Tensor, mask: Tensor | None) -> Statistics:
-        """``update`` on a batch already validated by :func:`check_batch` (a growth checks it once)."""
+    def _add(self, X: Tensor, G: Tensor, mask: Tensor | None, fingerprint: bool = True) -> Statistics:
+        """``update`` on a batch already validated by :func:`check_batch` (a growth checks it once); without
+        ``fingerprint``, :meth:`batch_index` can never find the batch (for statistics only a growth sees)."""
         if self.sum_A is not None and X.shape[-1] != self.sum_A.shape[-1]:
             raise ValueError(
                 f"batch has d_e={X.shape[-1]}, {X.dtype} on {X.device} but the statistics hold "
                 f"d_e={self.sum_A.shape[-1]}, {self.sum_A.dtype} on {self.sum_A.device}"
             )
+        inputs = (_identity(X), _identity(G), _identity(mask))
         # One precision and device for every sum: the first batch's (float32 for half
         # precision, which torch cannot factorise), so that mixed batches add up instead of
         # failing inside torch with a dtype error.
         if self.sum_A is None:  # float64 for a float32 batch whose squares would leave float32's range
             dtype, device = range_dtype(X), X.device
+            self.host_reads += 1
         else:
             dtype, device = self.sum_A.dtype, self.sum_A.device
         X, G = X.to(device=device, dtype=dtype), G.to(device=device, dtype=dtype)
@@ -123,8 +159,10 @@ class Statistics:
             # even index (across batches). The whole M keeps its own product so that its rounding is the batch's.
             A = Xf.mT @ Xf
             M = Xf.mT @ GX.reshape(-1, d_e)
-            even = self.even_samples(X.shape[0], X.device)
-            M_even = X[even].reshape(-1, d_e).mT @ GX[even].reshape(-1, d_e)
+            # The samples of even index, counted from the first sample seen: every other one from the first or the
+            # second. A slice, not a boolean index (the same numbers, without building and searching a mask).
+            first = self.n % 2
+            M_even = X[first::2].reshape(-1, d_e).mT @ GX[first::2].reshape(-1, d_e)
             last, self._last = self._last, {}
             try:  # first: a batch the subclass refuses (another d_s, a failed factorisation) leaves every sum as it was
                 self._accumulate(X, G, GX, mask)
@@ -133,7 +171,8 @@ class Statistics:
                 raise
             for name, value in (("sum_A", A), ("sum_M", M), ("sum_M_even", M_even)):
                 self._add_to(name, value)
-            self._fingerprints.append((tuple(X.shape), _fingerprint(X)))
+            self._fingerprints.append((tuple(X.shape), _fingerprint(X) if fingerprint else None))
+            self._last_inputs = inputs
             self.n += X.shape[0]
             self.tokens += X.shape[0] * X.shape[1]
         self.elapsed = self._timings["update"]
@@ -161,16 +200,39 @@ class Statistics:
         squares) must agree to within float32's rounding of the entries, far below what separates two draws.
         One host transfer; a batch of another shape is never a match.
         """
-        candidates = [i for i, (s, _) in enumerate(self._fingerprints) if s == tuple(X.shape)]
+        candidates = [i for i, (s, f) in enumerate(self._fingerprints) if s == tuple(X.shape) and f is not None]
         if not candidates:
             return None
-        mine = _fingerprint(X.to(self.sum_A.device))
+        # In the sums' dtype, as update() took it: the same numbers then give the same fingerprint.
+        mine = _fingerprint(X.to(device=self.sum_A.device, dtype=self.sum_A.dtype))
         theirs = torch.stack([self._fingerprints[i][1] for i in candidates])
         # |Σx − Σx'| ≤ 1e-5 √(n Σx²) and |Σx² − Σx'²| ≤ 1e-5 Σx²: float32 rounding moves each entry by 6e-8 of itself.
         scale = torch.stack([(X.numel() * mine[1]).sqrt(), mine[1]]).clamp_min(torch.finfo(torch.float64).tiny)
         close = ((theirs - mine).abs() <= 1e-5 * scale).all(dim=1).tolist()
         hits = [i for i, c in zip(candidates, close, strict=True) if c]
         return hits[-1] if hits else None
+
+    def __getstate__(self) -> dict:
+        """Pickled without the last batch's identity (weak references do not pickle, and the tensors they point to
+        are not the unpickled copy's): such statistics find their last batch by fingerprint."""
+        state = self.__dict__.copy()
+        state["_last_inputs"] = None
+        return state
+
+    def is_last(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> bool:
+        """Whether ``(X, G, mask)`` are the very tensors of the last :meth:`update`, unchanged since.
+
+        Exact where :meth:`batch_index` compares fingerprints: the same tensor objects (or views of the same
+        memory at the same place), their memory still owned by the objects it was then, and no in-place change
+        since (their version counters). Copies of the same numbers are not the last batch by this test.
+        """
+        if self._last_inputs is None:
+            return False
+        return all(_same(t, i) for t, i in zip((X, G, mask), self._last_inputs, strict=True))
+
+    def last_batch_sum(self, name: str = "sum_M") -> Tensor | None:
+        """The last batch's own contribution to the running sum ``name`` (None once taken out)."""
+        return self._last.get(name)
 
     @property
     def n_batches(self) -> int:
@@ -195,6 +257,7 @@ class Statistics:
         out.tokens -= shape[0] * shape[1]
         out._fingerprints = self._fingerprints[:-1]
         out._last = {}
+        out._last_inputs = None
         out.log = list(self.log)
         return out
 

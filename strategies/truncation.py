@@ -13,8 +13,10 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from ._checks import check_number
 from .gram import factor_psd
 from .registry import register
+from .timing import section
 
 
 class Metric:
@@ -109,6 +111,9 @@ class Truncation(ABC):
     name: str = ""
 
     def __init__(self, metric: bool = False, metric_rtol: float | None = None) -> None:
+        check_number("truncation metric_rtol", metric_rtol, optional=True)
+        if metric_rtol is not None and not 0 < metric_rtol < 1:
+            raise ValueError(f"truncation metric_rtol must be in (0, 1), got {metric_rtol!r}")
         self.metric = bool(metric)
         self.metric_rtol = metric_rtol
 
@@ -118,10 +123,11 @@ class Truncation(ABC):
 
     def __call__(self, Y: Tensor, rank: int, metric: Metric | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``T_rank(Y)`` (or ``T_rank^W(Y)`` when ``metric`` is given) as ``(U, s, V)``."""
-        if metric is None:
-            return self._svd(Y, rank)
-        U, s, V = self._svd(metric.whiten(Y), rank)
-        return metric.unwhiten(U), s, metric.unwhiten(V)
+        with section("truncation"):
+            if metric is None:
+                return self._svd(Y, rank)
+            U, s, V = self._svd(metric.whiten(Y), rank)
+            return metric.unwhiten(U), s, metric.unwhiten(V)
 
 
 @register("truncation")
@@ -165,6 +171,8 @@ class RandomizedSVD(Truncation):
         seed: int = 0,
     ) -> None:
         super().__init__(metric, metric_rtol)
+        for name, value in (("oversample", oversample), ("n_iter", n_iter), ("seed", seed)):
+            check_number(f"rsvd {name}", value, integer=True)
         if oversample < 0 or n_iter < 0:
             raise ValueError(f"rsvd needs oversample >= 0 and n_iter >= 0, got {oversample}, {n_iter}")
         self.oversample = oversample

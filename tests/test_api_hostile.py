@@ -428,3 +428,47 @@ def test_every_result_is_detached(name):
     r.W_Q.zero_()
     assert torch.equal(W_Q.detach(), before)
     assert W_Q.grad is None and W_K.grad is None
+
+
+# ------------------------------------------------------------------ component options (issue 38)
+BAD_OPTIONS = [
+    ("gram/ridge/full/normal:grid", {"inverse": {"rtol": "x"}}, "rtol"),
+    ("gram/solve/full/normal:grid", {"inverse": {"rtol": [1e-6]}}, "rtol"),
+    ("gram/ridge/full/normal:grid", {"inverse": {"tolerance": 1e-6}}, "tolerance"),
+    ("gram/ridge/full/normal:grid", {"inverse": [("rtol", 1e-6)]}, "inverse="),
+    ("gram/ridge/full/normal:grid", {"line_search": "max_trials=8"}, "line_search="),
+    ("gram/ridge/full/normal:grid", {"line_search": {"max_trials": "8"}}, "max_trials"),
+    ("gram/ridge/full/normal:grid", {"line_search": {"n_grid": 2.5}}, "n_grid"),
+    ("gram/ridge/full/normal+holdout:grid", {"line_search": {"holdout": False}}, "holdout"),
+    ("gram/ridge/full/normal:grid", {"line_search": {"trials": 8}}, "trials"),
+    ("gram/ridge/rsvd/normal:grid", {"truncation": {"oversample": "16"}}, "oversample"),
+    ("gram/ridge/full/normal:grid", {"truncation": {"oversample": 16}}, "oversample"),
+    ("gram/ridge/full+metric/normal:grid", {"truncation": {"metric_rtol": "x"}}, "metric_rtol"),
+    ("gram/ridge/full/normal:grid", {"truncation": {"metric": True}}, "metric"),
+    ("joint", {"averaging": {"maxiter": "many"}}, "maxiter"),
+    ("joint", {"averaging": {1: 2}}, "option names"),
+    ("random", {"baseline": {"std": "x"}}, "std"),
+    ("gradmax", {"baseline": {"norm": [1.0]}}, "norm"),
+    ("zero", {"baseline": {"scale": 2.0}}, "scale"),
+    ("default", {"inverse": {"rtol": "x"}}, "rtol"),
+    ("default", {"line_search": 3}, "line_search="),
+    ("default", {"truncation": {"sketch": 4}}, "sketch"),
+]
+
+
+@pytest.mark.parametrize(("spec", "options", "named"), BAD_OPTIONS)
+def test_an_option_a_component_refuses_is_a_value_error_naming_it(spec, options, named):
+    """Never a TypeError from inside a constructor (or later, inside a growth): one line that names the option."""
+    with pytest.raises(ValueError) as info:
+        strategies.make(spec, **options)
+    message = str(info.value)
+    assert named in message and "\n" not in message, message
+
+
+def test_options_a_component_takes_still_build_it():
+    s = strategies.make("gram/ridge/rsvd+metric/normal+damp:bracket", inverse={"alpha": 1.0, "rtol": 1e-7},
+                        truncation={"oversample": 8, "n_iter": 2, "metric_rtol": 1e-6},
+                        line_search={"max_trials": 8, "damping": 0.3})
+    assert (s.averaging.inverse.alpha, s.truncation.oversample, s.truncation.metric_rtol) == (1.0, 8, 1e-6)
+    assert (s.line_search.max_trials, s.line_search.damping) == (8, 0.3)
+    assert strategies.make("default", line_search={"max_trials": 8}).resolve("cpu", 32).line_search.max_trials == 8

@@ -386,6 +386,24 @@ def test_default_json_that_is_a_fifo_does_not_block(default_file):
     assert stat.S_ISFIFO(os.lstat(default_file).st_mode)
 
 
+def test_a_fifo_default_json_warning_is_shown_without_opening_the_fifo(default_file):
+    """Issue 38: the warning named the FIFO as its source, and the formatter (linecache) opened it for the source
+    line, which blocked every command. Shown as a terminal shows it, promptly; linecache reads nothing for it."""
+    import linecache
+
+    os.mkfifo(default_file)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert within(30, strategies.default_spec) == reg.BUILTIN_DEFAULT
+    (w,) = [w for w in caught if issubclass(w.category, reg.DefaultFileWarning)]
+    assert w.filename != str(default_file) and str(default_file) in str(w.message)
+    # What the default printer writes (warnings.showwarning: formatwarning, which asks linecache for the line).
+    shown = within(30, warnings.formatwarning, w.message, w.category, w.filename, w.lineno)
+    assert shown.count("\n") == 1 and str(default_file) in shown
+    assert within(30, linecache.getline, w.filename, w.lineno) == ""
+    assert stat.S_ISFIFO(os.lstat(default_file).st_mode)
+
+
 def test_default_json_nested_too_deeply_is_refused_in_one_line(default_file):
     depth = 200_000
     default_file.write_text('{"regimes": {"cpu/small": {"spec": ' + "[" * depth + "]" * depth + "}}}")

@@ -10,7 +10,9 @@ The real file is never touched: ``DEFAULT_FILE`` is pointed at a file under ``tm
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
 import warnings
 from pathlib import Path
 
@@ -95,9 +97,10 @@ def test_damaged_file_warns_once_and_falls_back(default_at, case):
     assert len(ours) == 1, [str(w.message) for w in caught]
     msg = str(ours[0].message)
     assert "\n" not in msg and str(path) in msg and word in msg and BUILTIN in msg
-    # The formatted warning, as a terminal shows it, is one line too (no source line of registry.py).
+    # The formatted warning, as a terminal shows it, is one line too (no source line of registry.py), led by the
+    # file's path in angle brackets: the name linecache never opens (issue 38: a FIFO there hung every command).
     shown = warnings.formatwarning(ours[0].message, ours[0].category, ours[0].filename, ours[0].lineno)
-    assert shown.count("\n") == 1 and shown.startswith(str(path))
+    assert shown.count("\n") == 1 and shown.startswith(f"<{path}>:0: DefaultFileWarning: {path}: ")
 
 
 def test_a_new_problem_warns_again(default_at):
@@ -196,3 +199,102 @@ def test_recommend_write_accepts_a_growth_spec(tmp_path, monkeypatch, capsys):
     # The one regime with evidence lends its choice to every other, and says so.
     far = reg.default_choice("cuda", 4096)
     assert far.spec == spec and far.source == reg.REFERENCE_REGIME and "nearest" in far.note
+
+
+# ------------------------------------------------------------------ recommend --write keeps what it cannot read
+PLUGIN_ENTRY = {"spec": "my-averaging/solve/full/normal:newton", "note": "from a plugin, GROWBENCH_PLUGINS unset"}
+
+
+def test_write_keeps_an_entry_it_cannot_parse_and_says_so(tmp_path, monkeypatch, capsys):
+    """A plugin strategy's entry (its component not registered in this process) and a regime of a newer growbench
+    were deleted by the next ``--write``, with only a read-time warning: now they stay as they were, and the
+    command says it kept them and why it cannot read them."""
+    spec = "gram/solve/rsvd+metric/fast:newton"
+    _fake_recommendation(monkeypatch, spec)
+    target = tmp_path / "default.json"
+    target.write_text(json.dumps({"rule": "old", "regimes": {"cpu/small": {"spec": "formula2"},
+                                                            "cuda/large": PLUGIN_ENTRY,
+                                                            "tpu/small": {"spec": "formula1"}}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", reg.DefaultFileWarning)  # the read-time warning is not the point here
+        assert cli_main(["recommend", "--db", str(tmp_path / "x.sqlite"), "--write",
+                         "--default-file", str(target)]) == 0
+    regimes = json.loads(target.read_text())["regimes"]
+    assert regimes["cuda/large"] == PLUGIN_ENTRY and regimes["tpu/small"] == {"spec": "formula1"}
+    assert regimes["cpu/small"]["spec"] == spec
+    out = capsys.readouterr().out
+    assert "cuda/large: kept as it is (this process cannot read it" in out and "my-averaging" in out
+    assert "tpu/small: kept as it is" in out and f"cpu/small: {spec} (was formula2" in out
+
+
+def test_write_keeps_unknown_top_level_keys(tmp_path, monkeypatch):
+    """A hand-edited file's own top-level keys were dropped by ``--write``: now only the keys it writes change."""
+    _fake_recommendation(monkeypatch, "gram/solve/rsvd+metric/fast:newton")
+    target = tmp_path / "default.json"
+    mine = {"comment": "chosen on our cluster", "owner": {"team": "attention", "ticket": 38}}
+    target.write_text(json.dumps({"rule": "old", "regimes": {"cpu/medium": {"spec": "formula1"}}, **mine}))
+    assert cli_main(["recommend", "--db", str(tmp_path / "x.sqlite"), "--write", "--default-file", str(target)]) == 0
+    data = json.loads(target.read_text())
+    assert {key: data[key] for key in mine} == mine and data["regimes"]["cpu/medium"] == {"spec": "formula1"}
+    assert data["rule"] == "test rule" and list(data)[:4] == ["rule", "regimes", "db", "generated"]
+
+
+@pytest.mark.parametrize("content, word", [
+    ('{"regimes": {"cpu/small": {"spec": ', "not valid JSON"),
+    ('["formula2"]', "JSON list"),
+    ('{"regimes": ["formula2"]}', '"regimes"'),
+    (b"\xff\xfe\x00garbage", "cannot read it"),
+])
+def test_write_refuses_in_one_line_a_file_it_cannot_read_and_leaves_it(tmp_path, monkeypatch, capsys, content, word):
+    """A file ``--write`` cannot read is not replaced (what it holds would be lost): one line naming it, exit 2."""
+    _fake_recommendation(monkeypatch, "gram/solve/rsvd+metric/fast:newton")
+    target = tmp_path / "default.json"
+    if isinstance(content, bytes):
+        target.write_bytes(content)
+    else:
+        target.write_text(content)
+    before = target.read_bytes()
+    assert cli_main(["recommend", "--db", str(tmp_path / "x.sqlite"), "--write", "--default-file", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and str(target) in err and word in err, err
+    assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["default.json"]
+
+
+def test_write_refuses_a_fifo_without_blocking(tmp_path, monkeypatch, capsys):
+    _fake_recommendation(monkeypatch, "gram/solve/rsvd+metric/fast:newton")
+    target = tmp_path / "default.json"
+    os.mkfifo(target)
+    assert cli_main(["recommend", "--db", str(tmp_path / "x.sqlite"), "--write", "--default-file", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a regular file" in err and stat.S_ISFIFO(target.lstat().st_mode)
+
+
+def test_written_file_names_the_database_the_same_on_every_machine(tmp_path, monkeypatch):
+    """``default.json`` recorded ``/tmp/<random>/results/growbench.sqlite``: a committed file then differed from
+    machine to machine. Now the database is named by its file name, whatever folder it was in."""
+    _fake_recommendation(monkeypatch, "gram/solve/rsvd+metric/fast:newton")
+    texts = []
+    for folder in ("machine-a/results", "elsewhere/deep/b"):
+        (tmp_path / folder).mkdir(parents=True)
+        target = tmp_path / folder / "default.json"
+        assert cli_main(["recommend", "--db", str(tmp_path / folder / "growbench.sqlite"), "--write",
+                         "--default-file", str(target)]) == 0
+        data = json.loads(target.read_text())
+        assert data["db"] == data["regimes"]["cpu/small"]["db"] == "growbench.sqlite"
+        assert str(tmp_path) not in target.read_text()
+        # A kept entry written before, naming its database by an absolute path, is named by the file name too.
+        old = {"cuda/medium": {"spec": "formula1", "db": "/tmp/x1/results/gpu.sqlite"},
+               "cuda/large": PLUGIN_ENTRY | {"db": "/tmp/x1/p.sqlite"}}
+        target.write_text(json.dumps({"regimes": old}))
+        assert cli_main(["recommend", "--db", str(tmp_path / folder / "growbench.sqlite"), "--write",
+                         "--default-file", str(target)]) == 0
+        data = json.loads(target.read_text())
+        assert data["regimes"]["cuda/medium"] == {"spec": "formula1", "db": "gpu.sqlite"}
+        assert data["regimes"]["cuda/large"] == PLUGIN_ENTRY | {"db": "/tmp/x1/p.sqlite"}  # unreadable: as it was
+        data["regimes"].pop("cuda/medium")
+        data["regimes"].pop("cuda/large")
+        for key in ("generated",):
+            data.pop(key)
+            data["regimes"]["cpu/small"].pop(key)
+        texts.append(data)
+    assert texts[0] == texts[1]

@@ -107,6 +107,73 @@ def _phase_table(med: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
     return table
 
 
+# ------------------------------------------------------------------ the default's profile
+#: The growth's profiled sections (strategies.timing.Profile), in the order a growth runs them; a section not listed
+#: (a component's own, a later one) follows in the order the run recorded it.
+PROFILE_ORDER = ("inputs", "current scores", "statistics", "holdout split", "ridge strength", "factorisation",
+                 "direction", "metric", "score change", "split-half estimate", "line search", "truncation",
+                 "trial scores", "loss calls", "refit: ridge strength", "refit: factorisation", "refit: direction",
+                 "refit: metric", "refit: score change", "finish", "other")
+
+
+def default_profiles(frame: pd.DataFrame) -> pd.DataFrame:
+    """The default's growths, section by section: one row per reference run of the spec ``default.json`` names for
+    the run's regime and section of its stored profile (``extra.info.profile``, one growth, the run's last timed
+    repeat), with its ms, its multiple of the run's floor, and the run's loss calls and host reads."""
+    ref = reference_runs(frame)
+    if ref.empty or "extra" not in ref:
+        return pd.DataFrame()
+    ref = ref[(ref.t_floor > 0) & ref.t_total.notna()]
+    chosen = {regime.key: choice.spec for regime, choice in strategies.spec.default_specs().items()}
+    rows = []
+    for run in ref.itertuples():
+        try:
+            regime = strategies.Regime.of(str(run.device), int(run.d_e)).key
+        except (TypeError, ValueError):
+            continue
+        profile = stored_extra(run.extra).get("info", {}).get("profile")
+        if run.strategy != chosen.get(regime) or not isinstance(profile, dict):
+            continue
+        sections = profile.get("ms")
+        if not isinstance(sections, dict):
+            continue
+        calls = profile.get("calls") if isinstance(profile.get("calls"), dict) else {}
+        for section, ms in sections.items():
+            if isinstance(ms, int | float) and math.isfinite(ms):
+                rows.append({"dataset": run.dataset, "d_e": int(run.d_e), "regime": regime, "strategy": run.strategy,
+                             "seed": run.seed, "section": str(section), "ms": float(ms),
+                             "x_floor": float(ms) / (1e3 * run.t_floor), "calls": calls.get(section),
+                             "total_ms": profile.get("total_ms"), "floor_ms": 1e3 * run.t_floor,
+                             "loss_calls": run.n_loss_evals,
+                             "host_syncs": getattr(run, "host_syncs", math.nan)})
+    return pd.DataFrame(rows)
+
+
+def profile_details(profiles: pd.DataFrame) -> list[str]:
+    """One statement per dataset (and width) of the default: its growth as a multiple of the floor, and the
+    sections that make it up, largest first, each a median over seeds."""
+    if profiles.empty:
+        return []
+    lines = []
+    order = {name: i for i, name in enumerate(PROFILE_ORDER)}
+    for (dataset, d_e, spec), runs in profiles.groupby(["dataset", "d_e", "strategy"], sort=True):
+        per_run = runs.groupby("seed").agg(total_ms=("total_ms", "first"), floor_ms=("floor_ms", "first"),
+                                           loss_calls=("loss_calls", "first"), host_syncs=("host_syncs", "first"))
+        sections = runs.groupby("section").agg(ms=("ms", "median"), x_floor=("x_floor", "median"))
+        sections = sections[sections.ms > 0].assign(first=lambda t: t.index.map(lambda n: order.get(n, len(order))))
+        sections = sections.sort_values(["x_floor", "first"], ascending=[False, True])
+        total, floor = float(per_run.total_ms.median()), float(per_run.floor_ms.median())
+        parts = ", ".join(f"{name} {row.x_floor:.2g}×" for name, row in sections.iterrows() if row.x_floor >= 0.005)
+        loss = per_run.loss_calls.median()
+        syncs = per_run.host_syncs.median()
+        lines.append(f"default on {dataset} (d_e {d_e}, {spec}): one growth {duration(total)} = "
+                     f"{total / floor:.2g}× its floor ({duration(floor)}): {parts}; {loss:.0f} loss calls, "
+                     + (f"{syncs:.0f} host reads (synchronisations on a GPU)" if math.isfinite(syncs) else
+                        "host reads not recorded")
+                     + f"; each run's last timed growth, median of {plural(len(per_run), 'seed')}.")
+    return lines
+
+
 def breakdown(frame: pd.DataFrame) -> FigureResult:
     """Stacked median phase times per strategy and dataset, in multiples of the run's floor."""
     theme()
@@ -145,7 +212,12 @@ def breakdown(frame: pd.DataFrame) -> FigureResult:
                     f"({times(fastest.iloc[-1])}); the line search is the largest phase for {n_line_search} of "
                     f"{len(growth)} growth strategies (median share {100 * share:.0f}%).")
     table = _phase_table(med, names)
-    return FigureResult("breakdown", title, caption, fig, data=med, table=table,
+    details = profile_details(default_profiles(frame))
+    if details:
+        caption += (" Below the table, the default's growth section by section (its profile: the ridge's strength, "
+                    "the direction, the metric, the score change X P Xᵀ, the split-half estimate, each loss call, the "
+                    "held-out refit, in multiples of the floor), and the numbers it read on the host.")
+    return FigureResult("breakdown", title, caption, fig, data=med, table=table, details=details,
                         formats={c: ".2g" if c == "× floor" else ".0f" for c in table.columns[1:]})
 
 
