@@ -273,6 +273,9 @@ class Dataset(ABC):
     #: widened by small random columns (True): for a model whose narrowing at ``d_k_max`` would hand fixed-large
     #: information growth is recovering (a pretrained head's best factors of that rank).
     fixed_large_from_narrowed: ClassVar[bool] = False
+    #: Whether one call of the loss of a head's scores reruns a large model (the decoder's 4 layers and 49 152-word
+    #: output): a sweep run then measures its diagnostics along λ more coarsely (``harness.measure``).
+    costly_loss: ClassVar[bool] = False
     compute_device: torch.device = torch.device("cpu")
 
     def __init__(self, d_e: int, d_s: int, seed: int = 0, **options: Any) -> None:

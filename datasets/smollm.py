@@ -291,6 +291,7 @@ class _SmolLMDataset(PretrainedDataset):
     bias = False
     min_d_s = 2
     fixed_large_from_narrowed = True
+    costly_loss = True
     defaults: dict[str, Any] = {"layer": 24, "head": 0, "source": "pretrained", "narrow": "head",
                                 "corpus": BUILTIN_CORPUS, "rotary": DEFAULT_ROTARY}
 

@@ -136,7 +136,7 @@ def test_loss_of_scores_at_the_captured_scores_is_the_models_loss_and_its_gradie
     fn = site.loss_of_scores(rest, 0)
     S = cap.S.clone().requires_grad_(True)
     value = fn(S)
-    assert float(value) == pytest.approx(loss, rel=1e-6)
+    assert float(value.detach()) == pytest.approx(loss, rel=1e-6)
     (grad,) = torch.autograd.grad(value, S)
     torch.testing.assert_close(grad, cap.G, rtol=1e-5, atol=1e-9)
     # Causal: no gradient above the diagonal.

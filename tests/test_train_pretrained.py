@@ -206,14 +206,17 @@ def test_missing_weights_skip_or_refuse_naming_the_extra(tmp_path, capsys, monke
 
 def test_sweep_preset_leaves_out_real_runs_without_the_weights_and_refuses_them_by_name(tmp_path, capsys,
                                                                                         monkeypatch):
-    from growbench.datasets import minilm
+    from growbench.datasets import minilm, smollm
     from growbench.harness.cli import _without_missing_extra
     from growbench.harness.runner.sweep import expand, sweep_presets
 
+    # One real model's weights missing, the other's present, whatever this machine has.
     monkeypatch.setattr(minilm, "weights_available", lambda: False)
+    monkeypatch.setattr(smollm, "weights_available", lambda: True)
     gpu = expand(sweep_presets()["gpu"])
     kept, lines = _without_missing_extra(gpu, "run", by_name=False)
     assert kept == [c for c in gpu if not c.dataset.startswith("minilm")] and 0 < len(kept) < len(gpu)
+    assert any(c.dataset.startswith("smollm") for c in kept)
     assert lines and all(line.startswith("growbench run: skipping the real model's runs:") and "[real]" in line
                          for line in lines)
     db = tmp_path / "r.sqlite"

@@ -123,6 +123,8 @@ PRETRAINED_SEEDS = [0, 1, 2]
 #: Test batches of the held-out measure per dataset where the default (16) is not enough: in-context regression
 #: scores one query per sequence, so its held-out loss needs 64 batches of 64 sequences to resolve a 1 % change.
 HELDOUT_BATCHES_FOR = {"icl-regression": 64}
+#: The decoder's held-out measure: 8 batches of 8 windows (2048 tokens; its standard error is reported with it).
+DECODER_HELDOUT_BATCHES = 8
 #: Heads of all-MiniLM-L6-v2 (layer, head) in the quick sweep: a late one, which reruns fewer layers per loss
 #: call; the contrastive task uses the last head of the list.
 QUICK_HEADS = [(4, 7)]
@@ -163,13 +165,15 @@ def decoder_grids(heads: list[tuple[int, int]], devices: list[str], strategy_lis
     """Head recovery and the next-token objective of SmolLM2-135M at every ``(layer, head)``.
 
     Both at d_e = 576 (the model's width), 8 windows of 32 tokens per batch, rank 4 grown by 4 (of the 16
-    rotation-free dimensions that replace the head's 8 lowest-frequency rotary pairs). Neither has a warm-up:
+    rotation-free dimensions that replace the head's 8 lowest-frequency rotary pairs), one timed growth (a loss
+    call reruns 4 layers and the 49 152-word output: the decoder's runs are the sweep's costliest). Neither has a
+    warm-up:
     the narrowed start (the best factors in the metric of the head's input) is already within 0.1 % of the
     pretrained model's next-token loss, so the warm-up would train nothing; growth then asks what the new
     dimensions can add on the objective.
     """
     sizes = dict(d_s=[32], d_e=[576], b=[8], d_k=[4], p=[4], seeds=seeds, devices=devices, warmup_steps=0,
-                 **{"n_batches": 2, **kw})
+                 **{"n_batches": 2, "heldout_batches": DECODER_HELDOUT_BATCHES, **kw})
     tasks = [f"{task}:layer={layer}:head={head}" for task in ("smollm-recovery", "smollm-lm") for layer, head in heads]
     return [dict(strategies=strategy_list, datasets=tasks, **sizes)]
 
@@ -247,7 +251,7 @@ def sweep_presets() -> dict[str, list[dict]]:
             *small_scaling([]),
             *pretrained_grids(QUICK_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, similarity=False,
                               repeats=3),
-            *decoder_grids(QUICK_DECODER_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
+            *decoder_grids(QUICK_DECODER_HEADS, ["cpu"], QUICK_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=1),
             *statistics_tokens_grids(["cpu"], [1, 2], RULE_SEEDS[:4], [], []),
         ],
         # The quick sweep widened: an early head of the real model, each judging component alone there, the
@@ -259,8 +263,8 @@ def sweep_presets() -> dict[str, list[dict]]:
             *pretrained_grids(THOROUGH_HEADS, ["cpu"], THOROUGH_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS, repeats=3),
             *pretrained_grids(THOROUGH_HEADS, ["cpu"], PRETRAINED_REFERENCES, [0], repeats=3),
             *decoder_grids(THOROUGH_DECODER_HEADS, ["cpu"], THOROUGH_PRETRAINED_STRATEGIES, PRETRAINED_SEEDS,
-                           repeats=3),
-            *decoder_grids(THOROUGH_DECODER_HEADS, ["cpu"], PRETRAINED_REFERENCES, [0], repeats=3),
+                           repeats=1),
+            *decoder_grids(THOROUGH_DECODER_HEADS, ["cpu"], PRETRAINED_REFERENCES, [0], repeats=1),
             *statistics_tokens_grids(["cpu"], [1, 2, 16], RULE_SEEDS, [1, 4], [0, 1]),
             *objective_tokens_grids(["cpu"], OBJECTIVE_TOKENS_BATCHES, PRETRAINED_SEEDS),
         ],
