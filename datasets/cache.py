@@ -376,7 +376,9 @@ def trained_model(ds: Dataset, d_k: int, *, warmup_steps: int = 200, batch_size:
         raise ValueError(f"warmup_steps must be >= 0 and batch_size >= 1, got {warmup_steps}, {batch_size}")
     build: dict[str, Any] = dict(n_heads=n_heads, bias=bias, scale_policy=scale_policy, dtype=dtype, device=device)
     model = ds.build_model(d_k, **build)
-    if cache_dir is None:
+    if cache_dir is None or warmup_steps == 0:
+        # Without a warm-up the model is what build_model made: nothing to keep, and the check on loading
+        # would cost a 64-sample batch of the real models (a whole forward of the decoder, and its targets).
         warm_up(model, ds, steps=warmup_steps, batch_size=batch_size, lr=lr)
         return model
     key_json = cache_key(ds, d_k, warmup_steps=warmup_steps, batch_size=batch_size, lr=lr, **build)

@@ -46,10 +46,12 @@ without the weights (what CI tests).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib.metadata
 import importlib.util
+import io
 import itertools
 import json
 import os
@@ -144,17 +146,21 @@ def dequantized_folder() -> Path:
     """
     gguf = gguf_path()
     folder = weights_cache() / f"{CACHE_STEM}-{file_digest(gguf)}"
-    manifest = folder / "manifest.json"
-    if manifest.is_file():
-        try:
-            recorded = json.loads(manifest.read_text())
-            if recorded.get("weights_sha256") == file_digest(folder / "model.safetensors"):
-                return folder
-        except (OSError, ValueError):
-            pass
+    if _whole(folder):
+        return folder
+    if folder.exists():
         shutil.rmtree(folder, ignore_errors=True)  # damaged: made again below
     _dequantize(gguf, folder)
     return folder
+
+
+def _whole(folder: Path) -> bool:
+    """Whether ``folder`` holds de-quantised weights whose digest is the one its manifest records."""
+    try:
+        recorded = json.loads((folder / "manifest.json").read_text())
+        return recorded.get("weights_sha256") == file_digest(folder / "model.safetensors")
+    except (OSError, ValueError):
+        return False
 
 
 def _dequantize(gguf: Path, folder: Path) -> None:
@@ -168,13 +174,17 @@ def _dequantize(gguf: Path, folder: Path) -> None:
     except OSError as e:
         raise ValueError(f"{folder.parent}: the weights cache cannot be written ({e.strerror}); set "
                          "GROWBENCH_WEIGHTS_CACHE to a writable folder") from None
-    verbosity = tf.logging.get_verbosity()
+    verbosity, bars = tf.logging.get_verbosity(), tf.logging.is_progress_bar_enabled()
     tf.logging.set_verbosity_error()
     tf.logging.disable_progress_bar()
     try:
         try:
-            tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = tf.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            # transformers' GGUF reader draws its own tqdm bar, which its switch above does not reach: a sweep's
+            # workers would print two bars into the console's summary.
+            with contextlib.redirect_stderr(io.StringIO()):
+                tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+                model = tf.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                                dtype=torch.float32)
         except Exception as e:  # noqa: BLE001 - any failure to read the file is the file's (or a missing reader's)
             raise ValueError(f"{gguf}: the GGUF weights do not load ({type(e).__name__}: {e}); {EXTRA_HINT}") from None
         tokenizer.backend_tokenizer.save(str(work / "tokenizer.json"))
@@ -187,10 +197,16 @@ def _dequantize(gguf: Path, folder: Path) -> None:
         (work / "manifest.json").write_text(json.dumps({
             "gguf": str(gguf), "gguf_sha256": file_digest(gguf),
             "weights_sha256": file_digest(work / "model.safetensors"), "transformers": tf.__version__}, indent=1))
-        os.replace(work, folder)
+        try:
+            os.replace(work, folder)
+        except OSError:
+            # Another process made the same folder meanwhile (two workers' first runs of a sweep): keep theirs.
+            if not _whole(folder):
+                raise
     finally:
         tf.logging.set_verbosity(verbosity)
-        tf.logging.enable_progress_bar()
+        if bars:
+            tf.logging.enable_progress_bar()
         shutil.rmtree(work, ignore_errors=True)
 
 

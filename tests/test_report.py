@@ -570,3 +570,6 @@ def test_a_regime_of_two_pretrained_architectures_says_what_the_rule_chooses_on_
                                                    "SmolLM2": "gram/solve/rsvd+metric/normal:bracket"}
     (bullet,) = architecture_bullets({"cpu/medium": choices}, recs)
     assert "disagree" in str(bullet)
+    owner = next(c.model for c in choices if c.spec == recs["cpu/medium"].spec)
+    other = next(c.model for c in choices if c.spec != recs["cpu/medium"].spec)
+    assert f"is {owner}'s choice, not {other}'s" in str(bullet)

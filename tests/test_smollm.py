@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,6 +123,8 @@ def test_a_sweep_run_and_a_training_run_on_the_stand_in(tmp_path):
                     n_batches=2, repeats=1, warmup_steps=0, heldout_batches=2)
     row = measure(cfg, str(tmp_path))
     assert row["heldout_before"] > 0 and row["loss_after"] <= row["loss_before"]
+    # A loss call reruns the large model: seed 0 draws no λ curve, and the path's scan is the coarse one.
+    assert "lambda_curve" not in row["extra"] and "scan_lam" in row["extra"]
     assert json.dumps(row["extra"]["dataset_options"])  # the options are a run's record
     out = train_run(TrainConfig(method="fixed-large", dataset="smollm-lm:source=random:narrow=layer:layer=3",
                                 d_s=8, d_e=D_E, b=2, d_k0=1, d_k_max=3, p=2, grow_every=2, steps=2, eval_every=1))
@@ -154,6 +159,26 @@ def test_the_real_decoder_is_a_working_language_model_and_its_cached_copy_is_who
     folder = smollm.dequantized_folder()
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["weights_sha256"] == smollm.file_digest(folder / "model.safetensors")
+
+
+@weights
+def test_two_workers_making_the_weights_cache_at_once_keep_one_whole_copy(tmp_path, monkeypatch):
+    # A sweep's two workers start their first decoder runs together on a fresh machine: both de-quantise, and
+    # the second's rename finds the first's folder in place (it failed the run before).
+    made = smollm.dequantized_folder()
+    monkeypatch.setenv("GROWBENCH_WEIGHTS_CACHE", str(tmp_path))
+    target, real_replace = tmp_path / made.name, os.replace
+
+    def other_worker_first(src, dst):
+        if Path(dst) == target:
+            shutil.copytree(made, dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(smollm.os, "replace", other_worker_first)
+    assert smollm.dequantized_folder() == target
+    assert [p.name for p in tmp_path.iterdir()] == [made.name]  # the loser's temporary folder is gone
+    manifest = json.loads((target / "manifest.json").read_text())
+    assert manifest["weights_sha256"] == smollm.file_digest(target / "model.safetensors")
 
 
 @weights

@@ -227,10 +227,15 @@ def architecture_bullets(choices: dict[str, list[ArchitectureChoice]], recs: Map
     for key, per_model in choices.items():
         said = "; ".join(f"on {c.model}'s datasets alone ({', '.join(c.tasks)}), {c.spec or 'nothing'}"
                          + (f" ({c.verdict})" if c.verdict else "") for c in per_model)
-        specs = {c.spec for c in per_model}
-        agree = (f"The architectures agree: {recs[key].spec} serves both." if len(specs) == 1 else
-                 f"The architectures disagree: the regime's one choice, {recs[key].spec}, is not what each would "
-                 "choose alone (the regime has no architecture axis: see docs/results.md).")
+        specs, chosen = {c.spec for c in per_model}, recs[key].spec
+        owners = [c.model for c in per_model if c.spec == chosen]
+        if len(specs) == 1:
+            agree = f"The architectures agree: {chosen} serves both."
+        else:
+            whose = (f"is {listing(owners)}'s choice, not {listing([c.model for c in per_model if c.spec != chosen])}'s"
+                     if owners else "is not what either would choose alone")
+            agree = (f"The architectures disagree: the regime's one choice, {chosen}, {whose} (the regime has no "
+                     "architecture axis: see docs/results.md).")
         items.append(Bullet((Span(f"By architecture ({Regime.parse(key).describe()})", "strong"), ": the rule "
                              f"chooses, {said}. {agree}")))
     return items

@@ -25,10 +25,11 @@ DATASET_COST = {
     "text": 1.7,
     "minilm-recovery": 11.0,
     "minilm-similarity": 30.0,
-    # Not measured yet: SmolLM2-135M's tasks rerun four of its 30 layers (d_e = 576) at every loss evaluation, taken
-    # as MiniLM's recovery until a sweep's runs calibrate them.
-    "smollm-recovery": 11.0,
-    "smollm-lm": 11.0,
+    # SmolLM2-135M's tasks: each batch's targets or prefix run the whole decoder, and every loss call reruns four of
+    # its 30 layers at d_e = 576 (and the 49 152-word output for the next-token loss). Calibrated on a fresh clone's
+    # quick sweep (2026-11-27, two workers on a quiet 2-core machine: 29-32 s a run, 0.2 s per unit on teacher).
+    "smollm-recovery": 40.0,
+    "smollm-lm": 44.0,
 }
 
 #: The sizes of the reference run, which costs 1 on a dataset of cost 1: the quick sweep's teacher.
