@@ -81,6 +81,76 @@ class CaptureSwitch:
             self._capturing = False
 
 
+class HookedHeads:
+    """What the hooked heads of a real model share, whatever its architecture (BERT's
+    :class:`~models.pretrained_heads.PretrainedHeads`, Llama's :class:`~models.decoder_heads.DecoderHeads`).
+
+    A site provides ``heads`` (modules with ``layer``, ``head``, ``W_Q`` and ``W_K`` (d_in, d_k)),
+    ``n_heads``, ``d_in``, the pretrained score scale ``_c``, and the capture state ``_cap``
+    (head -> captured ``S``, ``G``) and ``_cap_id``.
+    """
+
+    def _record(self, i: int, S: Tensor) -> None:
+        self._cap_id += 1
+        self._cap[i] = {"S": S.detach()}
+        if S.requires_grad:
+            cap_id = self._cap_id
+
+            def hook(g: Tensor) -> None:
+                if self._cap.get(i, {}).get("id") == cap_id:  # an older graph's backward must not pair with newer X
+                    self._cap[i]["G"] = g.detach()
+
+            self._cap[i]["id"] = cap_id
+            S.register_hook(hook)
+
+    def _site(self, head: int) -> nn.Module:
+        if not 0 <= head < self.n_heads:
+            raise ValueError(f"head {head} out of range; valid heads: 0..{self.n_heads - 1}")
+        return self.heads[head]
+
+    def where(self, head: int) -> tuple[int, int]:
+        """``(layer, head)`` of the model that head index ``head`` stands for."""
+        site = self._site(head)
+        return site.layer, site.head
+
+    def growth_order(self) -> list[int]:
+        """Head indices, deepest layer first.
+
+        Growing a layer changes the input of every later layer, never of an earlier one:
+        grown deepest first, each head's captured input is still its input when its turn
+        comes, and its line search (``loss_of_scores``) sees every head grown before it.
+        """
+        return sorted(range(self.n_heads), key=lambda i: (-self.heads[i].layer, self.heads[i].head))
+
+    def d_k(self, head: int = 0) -> int:
+        """Current query/key width of ``head`` (the grown factors': a decoder head's rotation-free width)."""
+        return self._site(head).W_Q.shape[1]
+
+    def scale(self, head: int = 0) -> float:
+        """Score scale ``c``: the pretrained ``d_head^-1/2``, kept when the head grows."""
+        self._site(head)
+        return self._c
+
+    def factors(self, head: int = 0) -> tuple[Tensor, Tensor]:
+        """Detached clones of ``head``'s ``(W_Q, W_K)``, each (d_in, d_k)."""
+        site = self._site(head)
+        return site.W_Q.detach().clone(), site.W_K.detach().clone()
+
+    def install(self, head: int, W_Q: Tensor, W_K: Tensor) -> None:
+        """Replace ``head``'s factors by ``(W_Q, W_K)``, each (d_in, d_k') with ``d_k' >= d_k``.
+
+        Raises
+        ------
+        ValueError
+            Wrong shape, shrinking, or non-finite entries; the site is left unchanged.
+        """
+        site = self._site(head)
+        check_new_factors(W_Q, W_K, self.d_in, self.d_k(head))
+        like = site.W_Q
+        site.W_Q = nn.Parameter(W_Q.detach().to(dtype=like.dtype, device=like.device).clone())
+        site.W_K = nn.Parameter(W_K.detach().to(dtype=like.dtype, device=like.device).clone())
+
+
 class GrowsHeads:
     """``grow``, shared by every growth site: a head grown from the last captured pass, its new factors installed.
 

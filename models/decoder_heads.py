@@ -49,7 +49,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from growbench.models.block import Captured, CaptureSwitch, GrowsHeads, check_new_factors
+from growbench.models.block import Captured, CaptureSwitch, GrowsHeads, HookedHeads, check_new_factors
 from growbench.models.pretrained_head import KeptScale
 
 #: The keyword arguments of a decoder layer that a rerun from it needs (the same for every layer of a forward).
@@ -148,7 +148,7 @@ class DecoderSite(nn.Module):
         self.register_buffer("kept", kept, persistent=False)
 
 
-class DecoderHeads(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
+class DecoderHeads(HookedHeads, GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
     """Heads ``(layer, head)`` of a Llama-style decoder with growable rotation-free query/key dimensions.
 
     Parameters
@@ -322,43 +322,7 @@ class DecoderHeads(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
 
         return hook
 
-    def _record(self, i: int, S: Tensor) -> None:
-        self._cap_id += 1
-        self._cap[i] = {"S": S.detach()}
-        if S.requires_grad:
-            cap_id = self._cap_id
-
-            def hook(g: Tensor) -> None:
-                if self._cap.get(i, {}).get("id") == cap_id:  # an older graph's backward must not pair with newer X
-                    self._cap[i]["G"] = g.detach()
-
-            self._cap[i]["id"] = cap_id
-            S.register_hook(hook)
-
-    # ------------------------------------------------ GrowableAttention's interface
-    def _site(self, head: int) -> DecoderSite:
-        if not 0 <= head < self.n_heads:
-            raise ValueError(f"head {head} out of range; valid heads: 0..{self.n_heads - 1}")
-        return self.heads[head]
-
-    def where(self, head: int) -> tuple[int, int]:
-        """``(layer, head)`` of the model that head index ``head`` stands for."""
-        site = self._site(head)
-        return site.layer, site.head
-
-    def growth_order(self) -> list[int]:
-        """Head indices, deepest layer first (see :meth:`models.pretrained_heads.PretrainedHeads.growth_order`)."""
-        return sorted(range(self.n_heads), key=lambda i: (-self.heads[i].layer, self.heads[i].head))
-
-    def d_k(self, head: int = 0) -> int:
-        """Current rotation-free query/key width of ``head``."""
-        return self._site(head).W_Q.shape[1]
-
-    def scale(self, head: int = 0) -> float:
-        """Score scale ``c``: the pretrained ``d_head^-1/2``, kept when the head grows."""
-        self._site(head)
-        return self._c
-
+    # ------------------------------------------------ GrowableAttention's interface (the rest: HookedHeads)
     def captured(self, head: int = 0) -> Captured:
         """The last captured pass as ``head`` saw it: its layer's normalised input ``X`` and its rotation-free
         scores ``S`` and their ``G``; needs a backward after the forward."""
@@ -445,25 +409,6 @@ class DecoderHeads(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
         if layer not in self._inputs or self._inputs[layer][0] is None:
             raise RuntimeError("nothing captured: run a forward inside `with site.capture():`")
         return self._inputs[layer][0]
-
-    def factors(self, head: int = 0) -> tuple[Tensor, Tensor]:
-        """Detached clones of ``head``'s ``(W_Q, W_K)``, each (d_in, d_k)."""
-        site = self._site(head)
-        return site.W_Q.detach().clone(), site.W_K.detach().clone()
-
-    def install(self, head: int, W_Q: Tensor, W_K: Tensor) -> None:
-        """Replace ``head``'s rotation-free factors by ``(W_Q, W_K)``, each (d_in, d_k') with ``d_k' >= d_k``.
-
-        Raises
-        ------
-        ValueError
-            Wrong shape, shrinking, or non-finite entries; the site is left unchanged.
-        """
-        site = self._site(head)
-        check_new_factors(W_Q, W_K, self.d_in, self.d_k(head))
-        like = site.W_Q
-        site.W_Q = nn.Parameter(W_Q.detach().to(dtype=like.dtype, device=like.device).clone())
-        site.W_K = nn.Parameter(W_K.detach().to(dtype=like.dtype, device=like.device).clone())
 
 
 def no_factors(d_in: int, dtype: torch.dtype = torch.float32,

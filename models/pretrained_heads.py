@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from growbench.models.block import Captured, CaptureSwitch, GrowsHeads, check_new_factors
+from growbench.models.block import Captured, CaptureSwitch, GrowsHeads, HookedHeads
 from growbench.models.pretrained_head import KeptScale, PretrainedHead
 
 
@@ -82,7 +82,7 @@ def check_sites(encoder: nn.Module, sites: list[tuple[int, int]]) -> None:
             raise ValueError(f"head {head} out of range; valid heads: 0..{n_heads - 1}")
 
 
-class PretrainedHeads(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
+class PretrainedHeads(HookedHeads, GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
     """Heads ``sites`` of ``encoder`` with query/key factors of any width, each grown on its own.
 
     Parameters
@@ -160,48 +160,7 @@ class PretrainedHeads(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
 
         return hook
 
-    def _record(self, i: int, S: Tensor) -> None:
-        self._cap_id += 1
-        self._cap[i] = {"S": S.detach()}
-        if S.requires_grad:
-            cap_id = self._cap_id
-
-            def hook(g: Tensor) -> None:
-                if self._cap.get(i, {}).get("id") == cap_id:  # an older graph's backward must not pair with newer X
-                    self._cap[i]["G"] = g.detach()
-
-            self._cap[i]["id"] = cap_id
-            S.register_hook(hook)
-
-    # ------------------------------------------------ GrowableAttention's interface
-    def _site(self, head: int) -> HeadFactors:
-        if not 0 <= head < self.n_heads:
-            raise ValueError(f"head {head} out of range; valid heads: 0..{self.n_heads - 1}")
-        return self.heads[head]
-
-    def where(self, head: int) -> tuple[int, int]:
-        """``(layer, head)`` of the encoder that head index ``head`` stands for."""
-        site = self._site(head)
-        return site.layer, site.head
-
-    def growth_order(self) -> list[int]:
-        """Head indices, deepest layer first.
-
-        Growing a layer changes the input of every later layer, never of an earlier one:
-        grown deepest first, each head's captured input is still its input when its turn
-        comes, and its line search (:meth:`loss_of_scores`) sees every head grown before it.
-        """
-        return sorted(range(self.n_heads), key=lambda i: (-self.heads[i].layer, self.heads[i].head))
-
-    def d_k(self, head: int = 0) -> int:
-        """Current query/key width of ``head``."""
-        return self._site(head).W_Q.shape[1]
-
-    def scale(self, head: int = 0) -> float:
-        """Score scale ``c``: the pretrained ``d_head^-1/2``, kept when the head grows."""
-        self._site(head)
-        return self._c
-
+    # ------------------------------------------------ GrowableAttention's interface (the rest: HookedHeads)
     def captured(self, head: int = 0) -> Captured:
         """The last captured pass as ``head`` saw it (its own layer's ``X``); needs a backward after the forward."""
         site = self._site(head)
@@ -259,22 +218,3 @@ class PretrainedHeads(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
         if layer not in self._inputs:
             raise RuntimeError("nothing captured: run a forward inside `with site.capture():`")
         return self._inputs[layer][0]
-
-    def factors(self, head: int = 0) -> tuple[Tensor, Tensor]:
-        """Detached clones of ``head``'s ``(W_Q, W_K)``, each (d_e + 1, d_k)."""
-        site = self._site(head)
-        return site.W_Q.detach().clone(), site.W_K.detach().clone()
-
-    def install(self, head: int, W_Q: Tensor, W_K: Tensor) -> None:
-        """Replace ``head``'s factors by ``(W_Q, W_K)``, each (d_e + 1, d_k') with ``d_k' >= d_k``.
-
-        Raises
-        ------
-        ValueError
-            Wrong shape, shrinking, or non-finite entries; the site is left unchanged.
-        """
-        site = self._site(head)
-        check_new_factors(W_Q, W_K, self.d_in, self.d_k(head))
-        like = site.W_Q
-        site.W_Q = nn.Parameter(W_Q.detach().to(dtype=like.dtype, device=like.device).clone())
-        site.W_K = nn.Parameter(W_K.detach().to(dtype=like.dtype, device=like.device).clone())
