@@ -113,10 +113,14 @@ def skip(reason: str):
 
 
 def init_torch():
-    """Import torch with a fixed thread count and return it."""
+    """Import torch with a fixed thread count, and the allocator the ``growbench`` command sets (floors and
+    growths timed alike, harness.allocator), and return it."""
     import torch
 
+    from growbench.harness.allocator import keep_freed_memory
+
     torch.set_num_threads(THREADS)
+    keep_freed_memory()
     return torch
 
 

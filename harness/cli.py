@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from growbench import strategies
+from growbench.harness.allocator import keep_freed_memory
 from growbench.harness.env import DEFAULT_THREADS
 from growbench.harness.measure import HELDOUT_BATCHES
 from growbench.harness.plugins import load_plugins
@@ -509,6 +510,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_targets(args: argparse.Namespace) -> int:
     import torch
 
+    from growbench.harness.allocator import allocator
     from growbench.harness.env import device_name, torch_threads
     from growbench.harness.files import check_output_file, replace_file
     from growbench.harness.targets import run_targets
@@ -518,9 +520,9 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     if args.out:
         check_output_file(args.out)
     with torch_threads(args.threads):
-        # Every figure below depends on the thread count: say it first, and in the written table.
+        # Every figure below depends on the thread count and the allocator: say them first, and in the table.
         where = (f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.device} "
-                 f"({device_name(args.device)})")
+                 f"({device_name(args.device)}), allocator: {allocator()}")
         print(where, flush=True)
         table = run_targets(repeats=args.repeats, device=args.device, cache_dir=args.cache_dir,
                             scale=not args.skip_scale)
@@ -717,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         load_plugins()  # outside components, before any spec is read
+        keep_freed_memory()  # floors and growths timed alike, without the kernel's page faults (harness.allocator)
         code = args.func(args)
         sys.stdout.flush()  # here, not at exit: a reader that went away (| head) is handled below
         return code

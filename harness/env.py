@@ -20,6 +20,8 @@ from typing import NoReturn
 
 import torch
 
+from growbench.harness.allocator import allocator
+
 ROOT = Path(__file__).resolve().parent.parent
 #: torch threads per process doing the work (each worker when ``--jobs > 1``). One: at these
 #: sizes a second thread buys little on a quiet machine and, on a busy one, makes runs several
@@ -143,6 +145,7 @@ def environment(device: str) -> dict:
         "code_version": code_version(),
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
+        "allocator": allocator(),
     }
 
 

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 import psutil
 import torch
 
+from growbench.harness.allocator import release_freed_memory
+
 
 @contextmanager
 def peak_memory(device: str, interval: float = 0.001) -> Iterator[dict]:
@@ -17,7 +19,8 @@ def peak_memory(device: str, interval: float = 0.001) -> Iterator[dict]:
     On CUDA: ``torch.cuda.max_memory_allocated`` after a reset (exact, allocator level).
     On CPU: the increase of the process's resident set size over its value on entry,
     sampled every ``interval`` seconds by a thread (torch's CPU allocator keeps no peak
-    statistics); allocations shorter than the interval can be missed.
+    statistics); allocations shorter than the interval can be missed. Free memory the allocator kept
+    (:mod:`harness.allocator`) is handed back first: a block reused from it would not show.
     """
     out: dict = {"peak_bytes": None, "method": None}
     if torch.device(device).type == "cuda":
@@ -29,6 +32,7 @@ def peak_memory(device: str, interval: float = 0.001) -> Iterator[dict]:
         out["peak_bytes"] = int(torch.cuda.max_memory_allocated(device) - base)
         out["method"] = "cuda_max_memory_allocated"
         return
+    release_freed_memory()
     proc = psutil.Process()
     base = proc.memory_info().rss
     peak = [base]

@@ -886,7 +886,7 @@ def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor,
         ctx.log.append(f"shrink: {strategy.averaging.name} cannot split its direction into halves; λ not shrunk")
         return 0.0
     with section("split-half estimate"):
-        share = signal_share(stats.half_sums(), halves, rank, metric)
+        share = signal_share(stats.half_sums(), halves, rank, metric, strategy.truncation.top_subspace)
     ctx.info["signal_share"] = share
     ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + 1
     kept = min(max(share, 0.0), 1.0) if math.isfinite(share) else 0.0

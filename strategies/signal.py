@@ -20,6 +20,8 @@ This module imports nothing of the package but the metric's type.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -30,7 +32,8 @@ LOW_RANK_ABOVE = 1024
 
 
 def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple[Tensor, Tensor], rank: int,
-                 metric: Metric | None = None) -> float:
+                 metric: Metric | None = None,
+                 top_subspace: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None) -> float:
     """The split-half estimate of the share of the in-sample slope of ``P = P_a + P_b`` that is not optimism.
 
     Parameters
@@ -43,6 +46,11 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
         ``d_k + p``: the share is measured on ``P``'s top-``rank`` singular subspace.
     metric : Metric, optional
         The truncation's metric; None for a plain (Frobenius) truncation.
+    top_subspace : callable, optional
+        ``(Y, rank) -> (U, V)``: the subspace the truncation itself would find
+        (:meth:`strategies.truncation.Truncation.top_subspace`: a randomised truncation's sketch costs a
+        fraction of a full SVD at d_e in the hundreds). Default: a full SVD up to :data:`LOW_RANK_ABOVE`, a
+        seeded sketch above.
 
     Returns
     -------
@@ -59,7 +67,9 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
     else:
         Y_a, Y_b, N_a, N_b = P_a, P_b, M_a, M_b
     Y = Y_a + Y_b
-    if Y.shape[-1] <= LOW_RANK_ABOVE:
+    if top_subspace is not None:
+        U, V = top_subspace(Y, rank)
+    elif Y.shape[-1] <= LOW_RANK_ABOVE:
         U, _, Vh = torch.linalg.svd(Y)
         U, V = U[:, :rank], Vh[:rank].mT
     else:  # the top singular subspace of a wide matrix by a seeded sketch, as the rsvd truncation does

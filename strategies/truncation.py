@@ -121,6 +121,12 @@ class Truncation(ABC):
     def _svd(self, Y: Tensor, rank: int) -> tuple[Tensor, Tensor, Tensor]:
         """Top-``rank`` singular triplets ``(U, s, V)`` of ``Y``."""
 
+    def top_subspace(self, Y: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+        """``Y``'s top-``rank`` left and right singular vectors, ``(d, rank)`` each, found the way this truncation
+        finds them (``Y`` already in its geometry: no metric)."""
+        U, _, V = self._svd(Y, rank)
+        return U, V
+
     def __call__(self, Y: Tensor, rank: int, metric: Metric | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """``T_rank(Y)`` (or ``T_rank^W(Y)`` when ``metric`` is given) as ``(U, s, V)``."""
         with section("truncation"):

@@ -139,6 +139,24 @@ def test_signal_share_is_one_minus_the_noise_to_signal_energy(noise):
     assert share == pytest.approx(1 - float((E**2).sum() / (S**2).sum()), rel=1e-10)
 
 
+def test_the_share_on_the_subspace_the_truncation_finds():
+    # Rank-4 signal with a gap, halves S ± E: the share on the top-4 subspace is 1 − ‖ΠE‖²/‖ΠS‖², Π from the SVD
+    # of the halves' sum 2S. rsvd's seeded sketch finds that subspace to rounding; full's is the default path itself.
+    from growbench.strategies.truncation import FullSVD, RandomizedSVD
+
+    d, r = 80, 4
+    S = 10 * torch.randn(d, r, generator=gen(4), dtype=DT) @ torch.randn(r, d, generator=gen(5), dtype=DT)
+    E = torch.randn(d, d, generator=gen(6), dtype=DT)
+    halves = (S + E, S - E)
+    full = signal_share(halves, halves, rank=r)
+    assert signal_share(halves, halves, r, top_subspace=FullSVD().top_subspace) == full
+    assert signal_share(halves, halves, r, top_subspace=RandomizedSVD().top_subspace) == pytest.approx(full, rel=1e-9)
+    U, _, Vh = torch.linalg.svd(2 * S)
+    Pi = (U[:, :r] @ U[:, :r].mT, Vh[:r].mT @ Vh[:r])
+    energy = [float(((Pi[0] @ T @ Pi[1]) ** 2).sum()) for T in (E, S)]
+    assert full == pytest.approx(1 - energy[0] / energy[1], rel=1e-6)
+
+
 # ------------------------------------------------------------------ +holdout
 def _growth_problem(d_e: int = 5, n: int = 3, b: int = 6, d_s: int = 5, seed: int = 0):
     mask = causal(d_s)

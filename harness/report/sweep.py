@@ -78,7 +78,8 @@ def database_facts(frame: pd.DataFrame, db: str) -> dict:
         "growth strategies": int(frame.strategy.drop_duplicates().map(is_growth).sum()),
         "datasets": distinct(frame, "dataset"), "devices": distinct(frame, "device"),
         "device names": distinct(frame, "device_name"), "torch": distinct(frame, "torch_version"),
-        "threads": distinct(frame, "threads"), "git commit": distinct(frame, "git_commit"),
+        "threads": distinct(frame, "threads"), "allocator": distinct(frame, "allocator"),
+        "git commit": distinct(frame, "git_commit"),
         "code version": distinct(frame, "code_version"), "runs finished": finished_range(frame),
     }
 

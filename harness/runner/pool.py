@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 from pebble import ProcessExpired, ProcessPool
 
+from growbench.harness.allocator import keep_freed_memory
 from growbench.harness.env import (
     DEFAULT_THREADS,
     code_version,
@@ -259,7 +260,7 @@ def in_processes(run: RunFunction, todo: list[dict], jobs: int, threads: int = D
     Workers are forked from a server process (:func:`worker_context`), not from this one: a
     fork of this process would copy its threads' locks (the pool's own threads, tqdm's,
     torch's) in whatever state they are in. They exit as soon as this process is gone
-    (:func:`watch_parent`).
+    (:func:`watch_parent`), and keep freed memory as the ``growbench`` command does (:func:`start_worker`).
 
     Raises
     ------
@@ -269,7 +270,7 @@ def in_processes(run: RunFunction, todo: list[dict], jobs: int, threads: int = D
     worker_run = with_plugins(run)
     left, attempts = list(todo), 0
     while left:
-        pool = ProcessPool(max_workers=min(jobs, len(left)), initializer=watch_parent, context=worker_context())
+        pool = ProcessPool(max_workers=min(jobs, len(left)), initializer=start_worker, context=worker_context())
         lost, broken = [], None
         try:
             futures = {pool.schedule(worker_run, args=(c,), kwargs={"threads": threads}, timeout=run_timeout): c
@@ -381,6 +382,14 @@ def worker_context() -> multiprocessing.context.BaseContext:
 
 #: Seconds between a worker's checks that its parent is alive.
 ORPHAN_POLL_S = 0.5
+
+
+def start_worker() -> None:
+    """A worker process's first act: the allocator setting of the ``growbench`` command
+    (:func:`harness.allocator.keep_freed_memory`: the worker's growths and floors are timed like those of a
+    ``--jobs 1`` sweep), then :func:`watch_parent`."""
+    keep_freed_memory()
+    watch_parent()
 
 
 def watch_parent() -> None:
