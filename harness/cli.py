@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from growbench import strategies
-from growbench.harness.allocator import keep_freed_memory
+from growbench.harness.allocator import allocator, keep_freed_memory
 from growbench.harness.env import DEFAULT_THREADS
 from growbench.harness.measure import HELDOUT_BATCHES
 from growbench.harness.plugins import load_plugins
@@ -510,7 +510,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_targets(args: argparse.Namespace) -> int:
     import torch
 
-    from growbench.harness.allocator import allocator
     from growbench.harness.env import device_name, torch_threads
     from growbench.harness.files import check_output_file, replace_file
     from growbench.harness.targets import run_targets

@@ -65,6 +65,15 @@ def check_new_factors(W_Q: Tensor, W_K: Tensor, d_in: int, d_k: int) -> None:
         raise ValueError(f"W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} differ in shape")
 
 
+def install_factors(holder: Any, W_Q: Tensor, W_K: Tensor, d_in: int, d_k: int) -> None:
+    """Replace ``holder.W_Q`` and ``holder.W_K`` by copies of ``(W_Q, W_K)`` (d_in, d_k'), cast to the current
+    factors' dtype and device, after :func:`check_new_factors` (which leaves ``holder`` unchanged on refusal)."""
+    check_new_factors(W_Q, W_K, d_in, d_k)
+    like = holder.W_Q
+    holder.W_Q = nn.Parameter(W_Q.detach().to(dtype=like.dtype, device=like.device).clone())
+    holder.W_K = nn.Parameter(W_K.detach().to(dtype=like.dtype, device=like.device).clone())
+
+
 class CaptureSwitch:
     """The ``capture()`` context of a growth site: within it, a forward records ``X``, ``Xa``, ``S``
     and hooks ``G = ∂L/∂S`` (the forward reads ``self._capturing``)."""
@@ -144,11 +153,7 @@ class HookedHeads:
         ValueError
             Wrong shape, shrinking, or non-finite entries; the site is left unchanged.
         """
-        site = self._site(head)
-        check_new_factors(W_Q, W_K, self.d_in, self.d_k(head))
-        like = site.W_Q
-        site.W_Q = nn.Parameter(W_Q.detach().to(dtype=like.dtype, device=like.device).clone())
-        site.W_K = nn.Parameter(W_K.detach().to(dtype=like.dtype, device=like.device).clone())
+        install_factors(self._site(head), W_Q, W_K, self.d_in, self.d_k(head))
 
 
 class GrowsHeads:
@@ -534,12 +539,4 @@ class GrowableAttention(GrowsHeads, CaptureSwitch, nn.Module):
             Wrong rank or d_in, W_Q/W_K shapes differ, d_k would shrink, or
             non-finite entries. The block is left unchanged.
         """
-        h = self._check_head(head)
-        check_new_factors(W_Q, W_K, self.d_in, self.d_k(head))
-        like = h.W_Q
-        h.W_Q = nn.Parameter(
-            W_Q.detach().to(dtype=like.dtype, device=like.device).clone()
-        )
-        h.W_K = nn.Parameter(
-            W_K.detach().to(dtype=like.dtype, device=like.device).clone()
-        )
+        install_factors(self._check_head(head), W_Q, W_K, self.d_in, self.d_k(head))

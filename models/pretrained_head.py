@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from growbench.models.block import Captured, CaptureSwitch, GrowsHeads, check_new_factors
+from growbench.models.block import Captured, CaptureSwitch, GrowsHeads, install_factors
 
 
 def head_factors(attention: nn.Module, head: int) -> tuple[Tensor, Tensor, float]:
@@ -300,10 +300,7 @@ class PretrainedHead(GrowsHeads, KeptScale, CaptureSwitch, nn.Module):
             Wrong shape, shrinking, or non-finite entries; the site is left unchanged.
         """
         self._check_head(head)
-        check_new_factors(W_Q, W_K, self.d_in, self.d_k())
-        like = self.W_Q
-        self.W_Q = nn.Parameter(W_Q.detach().to(dtype=like.dtype, device=like.device).clone())
-        self.W_K = nn.Parameter(W_K.detach().to(dtype=like.dtype, device=like.device).clone())
+        install_factors(self, W_Q, W_K, self.d_in, self.d_k())
 
     def __deepcopy__(self, memo: dict) -> PretrainedHead:
         # A copy needs its own encoder with the hook bound to the copy; deepcopy of the
