@@ -23,7 +23,7 @@ from . import averaging, baselines, inverse, line_search, metrics, truncation  #
 from .averaging import Averaging
 from .factory import DefaultStrategy, make
 from .growth import GrowthStrategy, StepContext, Strategy, build_search_problem
-from .line_search import METHODS, LineSearch, SearchProblem, truncated_scores
+from .line_search import METHODS, LineSearch, SearchProblem, factor_scores, truncated_scores
 from .regimes import Regime
 from .registry import REGISTRY, register
 from .result import GrowthResult
@@ -52,6 +52,7 @@ __all__ = [
     "canonical",
     "default_choice",
     "default_spec",
+    "factor_scores",
     "make",
     "metrics",
     "parse",

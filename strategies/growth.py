@@ -42,12 +42,16 @@ from torch import Tensor
 
 from ._checks import abs_max, check_batch, check_factors, check_scale, pow2_scale, range_dtype
 from .averaging import Averaging
-from .line_search import LineSearch, SearchProblem, truncated_scores
+from .line_search import LineSearch, SearchProblem, factor_scores, truncated_scores
 from .result import GrowthResult
 from .signal import signal_share
 from .statistics import Statistics
 from .timing import Profile, section, synchronize, timed
 from .truncation import Metric, Truncation
+
+#: One statistics batch under ``+holdout``: the samples the direction is fitted to and those λ is chosen on
+#: (slices: views of the batch, with no index to build).
+FITTED_HALF, HELD_OUT_HALF = slice(0, None, 2), slice(1, None, 2)
 
 #: ``max|G|`` outside this range is rescaled by a power of two before anything is computed from
 #: ``G``: squares of ``2^±24``-sized numbers summed over a batch stay well inside float32's range.
@@ -120,9 +124,10 @@ class StepContext:
     g_scale : float
         ``G`` here is the caller's ``G`` divided by ``g_scale`` (a power of two, 1 unless
         the caller's was extreme): quantities in units of ``G`` are multiplied back by it.
-    heldout_samples : Tensor or None
-        ``(b,)`` bool: the samples of the batch that a ``+holdout`` line search chooses λ on
-        when the statistics came from the others (None: every sample, see ``grow``).
+    heldout_samples : slice or None
+        :data:`HELD_OUT_HALF` while a ``+holdout`` line search moves those samples of the one statistics
+        batch and chooses λ on them, the direction coming from the others (None: every sample, see
+        ``grow``; None again while the step refits).
     refit_stats : Statistics or None
         ``+holdout``: the statistics of every sample, the λ batch's included, whose direction
         the step takes at the λ chosen on held-out data (None: the step takes the searched one).
@@ -150,7 +155,7 @@ class StepContext:
     M_batch: Tensor | None = None
     loss_after: float | None = None
     g_scale: float = 1.0
-    heldout_samples: Tensor | None = None
+    heldout_samples: slice | None = None
     refit_stats: Statistics | None = None
     x_max: float = math.nan
     profile: Profile | None = None
@@ -432,7 +437,7 @@ def start_step(
     with torch.no_grad():
         with section("current scores"):
             Z = scale * W_Q @ W_K.mT
-            S0 = scale * (X @ W_Q) @ (X @ W_K).mT  # through the rank-d_k factors: cheaper than X Z Xᵀ
+            S0 = factor_scores(X, scale * W_Q, W_K)
         loss0 = float(loss(S0))
     if not math.isfinite(loss0):
         s_max = float(S0.abs().amax())
@@ -490,7 +495,7 @@ def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtyp
         if ctx.loss_after is not None:
             loss_after = ctx.loss_after
         else:
-            loss_after = float(ctx.loss(ctx.new_scale * (X @ W_Q) @ (X @ W_K).mT))
+            loss_after = float(ctx.loss(factor_scores(X, ctx.new_scale * W_Q, W_K)))
         # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
         # statistics were built from it, else one pass over the batch.
         M = ctx.M_batch
@@ -644,9 +649,9 @@ class GrowthStrategy(Strategy):
         if b < 2:
             ctx.log.append("holdout: one sample only; λ chosen on the sample the direction was fitted to")
             return super()._stats(ctx, None)
-        even = torch.arange(b, device=ctx.X.device) % 2 == 0
+        even = FITTED_HALF
         mask = ctx.mask if ctx.mask is None or ctx.mask.dim() == 2 else ctx.mask[even]
-        ctx.heldout_samples = ~even
+        ctx.heldout_samples = HELD_OUT_HALF
         ctx.info["holdout"] = ("the direction from the batch's samples of even index, λ from those of odd index; "
                                "the step refits on every sample")
         ctx.log.append("holdout: one statistics batch: λ chosen on its odd samples with the direction of its even "
@@ -769,6 +774,10 @@ def build_search_problem(
     and ``D̂ = D / ‖D‖``, the metric when the truncation asks for one, and the slope
     ``φ'(0) = −⟨G, D̂⟩``. Shared by the growth step and by measurements along λ.
 
+    Where ``ctx.heldout_samples`` is set (one-batch ``+holdout``), the search moves those samples only: the
+    problem's ``X``, ``S0`` and ``D̂`` hold them alone, its loss puts their scores among the other samples'
+    current ones, and the slope is theirs; ``‖D‖``, and so the unit of λ, is the whole batch's.
+
     Parameters
     ----------
     strategy : GrowthStrategy
@@ -824,10 +833,14 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
     # leaves P̂ = P / ‖D‖, D̂ and the slope bit for bit unchanged: they are scale-free.
     s = pow2_scale(D)
     P, D = P / s, D.div_(s)
+    # λ is in RMS logits per entry of the whole batch, for the searched direction and the refit alike; a +holdout
+    # search on part of the batch moves, and sees the slope of, that part only. (Measured on the held-out half
+    # instead, the step kept a quarter less of the held-out gain on MiniLM heads the sweep never grows: a direction
+    # fitted to few samples acts mostly on those, docs/mathematics.md §5.4.)
+    moved = ctx.heldout_samples if ctx.heldout_samples is not None else slice(None)  # a view: nothing is copied
+    D_moved = D[moved]
     norm_t = torch.linalg.vector_norm(D)
-    # A +holdout search on part of the batch sees the slope of that part only.
-    G = ctx.G if ctx.heldout_samples is None else ctx.G * ctx.heldout_samples[:, None, None]
-    slope_t = -torch.dot(G.reshape(-1), D.reshape(-1))
+    slope_t = -torch.dot(ctx.G[moved].reshape(-1), D_moved.reshape(-1))
     n_entries_t = mask.expand(X.shape[0], -1, -1).sum() if mask is not None else torch.tensor(D.numel())
     # One host transfer for the four numbers the step must decide on.
     finite, norm, slope, n_entries = torch.stack([
@@ -851,25 +864,25 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
         return None
     slope = slope / norm * ctx.g_scale
     penalty = _optimism(strategy, stats, halves, rank, metric, slope, ctx) if shrink else 0.0
-    loss = ctx.loss
-    if ctx.heldout_samples is not None:
-        held = ctx.heldout_samples[:, None, None]
-        kept = (~ctx.heldout_samples).nonzero().squeeze(1)
-        S0_kept = ctx.S0.index_select(0, kept)
+    loss, S0 = ctx.loss, ctx.S0
+    held = ctx.heldout_samples
+    if held is not None:
+        S0 = ctx.S0[held]
 
-        def loss(S: Tensor) -> Tensor:  # only the held-out samples' scores move
+        def loss(S: Tensor) -> Tensor:  # the held-out samples' scores S among the fitted ones' current scores
             with section("trial scores"):
-                # The trial's scores are a fresh tensor: writing the kept samples' current scores into it gives
-                # torch.where(held, S, S0)'s numbers without allocating a third batch of scores per trial.
-                S = torch.where(held, S, ctx.S0) if S.requires_grad else S.index_copy_(0, kept, S0_kept)
-            return ctx.loss(S)
+                whole = torch.empty_like(ctx.S0)  # the two halves interleave: each written once
+                whole[FITTED_HALF] = ctx.S0[FITTED_HALF]
+                whole[held] = S  # differentiable in S (the Newton search's derivatives along λ)
+            return ctx.loss(whole)
 
     def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return strategy.truncation(Y, rank, metric)
 
+    # X contiguous: every trial's scores take the moved samples' X in one product (factor_scores).
     return SearchProblem(
-        loss=loss, X=X, Z=ctx.Z, P_hat=P / norm, S0=ctx.S0, D_hat=D.div_(norm), loss0=ctx.loss0,
-        truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope + penalty,
+        loss=loss, X=X[moved].contiguous(), Z=ctx.Z, P_hat=P / norm, S0=S0, D_hat=D_moved.div_(norm),
+        loss0=ctx.loss0, truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope + penalty,
         timings=ctx.timings, penalty=penalty,
     )
 

@@ -525,13 +525,21 @@ def _first_trial(prob: SearchProblem) -> float:
     return min(prob.lam_unit, prob.loss0 / -prob.slope0) if prob.loss0 > 0 else prob.lam_unit
 
 
-def truncated_scores(X: Tensor, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
-    """Scores ``X (U diag(s) Vᵀ) Xᵀ``, ``(b, d_s, d_s)``, through the rank-``r`` factors.
+def factor_scores(X: Tensor, A: Tensor, B: Tensor) -> Tensor:
+    """Scores ``(X A)(X B)ᵀ``, ``(b, d_s, d_s)``, of factors ``A, B (d_e, r)``: cheaper than ``X (A Bᵀ) Xᵀ``.
 
-    ``X U`` and ``X V`` are ``(b, d_s, r)``: cheaper than forming ``X Z' Xᵀ`` through ``d_e``.
+    Both ``X A`` and ``X B`` come from one product of the flattened batch with ``[A, B]``: two products
+    ``(b·d_s, d_e) @ (d_e, r)`` are narrow, and at ``r = 8`` took 1.7× the time of the one (CPU, 1 thread).
     """
+    r = A.shape[1]
+    XAB = (X.reshape(-1, X.shape[-1]) @ torch.cat([A, B], 1)).reshape(*X.shape[:-1], 2 * r)
+    return XAB[..., :r] @ XAB[..., r:].mT
+
+
+def truncated_scores(X: Tensor, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
+    """Scores ``X (U diag(s) Vᵀ) Xᵀ``, ``(b, d_s, d_s)``, through the rank-``r`` factors (:func:`factor_scores`)."""
     with section("trial scores"):
-        return ((X @ U) * s) @ (X @ V).mT
+        return factor_scores(X, U * s, V)
 
 
 @register("line_search")

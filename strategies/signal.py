@@ -15,7 +15,13 @@ on ``P``'s top-``r`` singular subspace in the truncation's own geometry (the met
 gradients ``N = L⁻¹ M L⁻ᵀ`` (so that ``⟨N, Y⟩ = ⟨M, P⟩``) projected on ``Y``'s top-``r``
 left and right singular vectors.
 
-This module imports nothing of the package but the metric's type.
+The estimate is computed in the direction's own precision (float32 for float32 inputs; float64 took twice
+the time at d_e = 1024): each pair of halves is first divided by one power of two near its magnitude, which
+is exact and leaves the ratio unchanged (both of its terms are bilinear in the gradients and the
+directions), so no extreme ``G`` overflows or underflows a product. The metric's floor bounds the
+whitening's condition number (``Metric``): at most about ``1/sqrt(rtol)``, some 30 at d_e = 1024.
+
+This module imports nothing of the package but the metric's type and :func:`strategies._checks.pow2_scale`.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ._checks import pow2_scale
 from .truncation import Metric
 
 #: Widths above which the top singular subspace comes from a randomised sketch instead of a full SVD.
@@ -58,12 +65,12 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
         ``2(⟨N_a, ΠY_b⟩ + ⟨N_b, ΠY_a⟩) / ⟨N_a + N_b, Π(Y_a + Y_b)⟩``; NaN when the in-sample slope
         is not positive. Not clamped: a share outside ``[0, 1]`` is noise of the estimate itself.
     """
-    M_a, M_b = (M.double() for M in gradient_halves)
-    P_a, P_b = (P.to(M_a) for P in direction_halves)
+    dtype = metric.L.dtype if metric is not None else torch.promote_types(*(t.dtype for t in direction_halves))
+    M_a, M_b = _in_range(gradient_halves, dtype)
+    P_a, P_b = _in_range(direction_halves, dtype)
     if metric is not None:
-        L = metric.L.to(M_a)
-        Y_a, Y_b = (L.mT @ P @ L for P in (P_a, P_b))
-        N_a, N_b = (metric.dual_whiten(M.to(metric.L.dtype)).to(M_a) for M in (M_a, M_b))
+        Y_a, Y_b = map(metric.whiten, (P_a, P_b))
+        N_a, N_b = map(metric.dual_whiten, (M_a, M_b))
     else:
         Y_a, Y_b, N_a, N_b = P_a, P_b, M_a, M_b
     Y = Y_a + Y_b
@@ -84,3 +91,10 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
     ya, yb, na, nb = map(core, (Y_a, Y_b, N_a, N_b))
     honest, in_sample = torch.stack([2 * ((na * yb).sum() + (nb * ya).sum()), ((na + nb) * (ya + yb)).sum()]).tolist()
     return honest / in_sample if in_sample > 0 else float("nan")
+
+
+def _in_range(halves: tuple[Tensor, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Both halves divided by one power of two near their largest entry (exact), then in ``dtype``."""
+    a, b = halves
+    scale = pow2_scale(torch.stack([a.abs().amax(), b.abs().amax().to(a)]))
+    return (a / scale).to(dtype), (b / scale.to(b)).to(dtype)

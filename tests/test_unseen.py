@@ -157,6 +157,24 @@ def test_the_share_on_the_subspace_the_truncation_finds():
     assert full == pytest.approx(1 - energy[0] / energy[1], rel=1e-6)
 
 
+@pytest.mark.parametrize("magnitude", [1.0, 2.0**140, 2.0**-140])
+def test_the_share_in_float32_is_the_float64_share_at_any_magnitude(magnitude):
+    # The estimate runs in the inputs' precision: float32 halves with a metric give the float64 share to float32's
+    # rounding, also for gradients beyond float32's range unscaled (2^±140, held in
+    # float64 as statistics of an extreme G are).
+    from growbench.strategies.truncation import Metric
+
+    d, r = 48, 6
+    X = anisotropic_X(64, 1, d, cond=30, seed=7).reshape(64, d)
+    S = torch.randn(d, r, generator=gen(8), dtype=DT) @ torch.randn(r, d, generator=gen(9), dtype=DT)
+    E = 10 * torch.randn(d, d, generator=gen(10), dtype=DT)
+    M_halves, P_halves = (S + E, S - E), (S + 0.5 * E, S - 0.5 * E)
+    ref = signal_share(M_halves, P_halves, r, Metric((X.mT @ X) / 64))
+    share = signal_share(tuple(magnitude * M for M in M_halves), tuple(P.float() for P in P_halves), r,
+                         Metric((X.mT @ X).float() / 64))
+    assert 0.2 < ref < 0.95 and share == pytest.approx(ref, abs=1e-5)
+
+
 # ------------------------------------------------------------------ +holdout
 def _growth_problem(d_e: int = 5, n: int = 3, b: int = 6, d_s: int = 5, seed: int = 0):
     mask = causal(d_s)
@@ -171,12 +189,19 @@ def _growth_problem(d_e: int = 5, n: int = 3, b: int = 6, d_s: int = 5, seed: in
 
 
 def _refit_reference(stats, X, G, mask, W_Q, W_K, c, lam):
-    """The step ``Z' − Z`` along the direction of ``stats`` (every sample's) on batch ``X`` at ``lam``, truncated as
-    the plain strategy truncates: what ``+holdout``'s refit must take."""
+    """The step ``Z' − Z`` along the direction ``P`` of ``stats`` (every sample's) at ``lam`` RMS logits per attended
+    entry of batch ``X`` (``P̂ = P / ‖mask ⊙ X P Xᵀ‖``), truncated as the plain strategy truncates: what
+    ``+holdout``'s refit must take."""
     plain = strategies.make("gram/solve/full+metric/normal:bracket")
     prob = search_problem(plain, stats, X, G, mask, W_Q, W_K, c, W_Q.shape[1] + 2, lambda S: torch.zeros(()))
-    U, s, V = prob.truncate(prob.Z - lam * prob.P_hat)
+    U, s, V = prob.truncate(prob.Z - lam * _unit_direction(plain.direction(stats), X, mask))
     return (U * s) @ V.T - prob.Z
+
+
+def _unit_direction(P, X, mask):
+    """``P / ‖mask ⊙ X P Xᵀ‖``, the whole batch's norm, in float64."""
+    P, X = P.double(), X.double()
+    return P / torch.linalg.vector_norm((X @ P @ X.mT) * mask)
 
 
 def test_holdout_takes_the_lambda_batch_out_of_the_statistics_then_refits():
@@ -227,6 +252,63 @@ def test_holdout_on_one_batch_fits_the_even_samples_searches_the_odd_then_refits
     assert rel_err(r.dZ, np64(_refit_reference(whole, X, G, mask, W_Q, W_K, c, r.lam))) < 1e-9
     with torch.no_grad():
         assert r.loss_after == pytest.approx(float(loss(scores(X, c * r.W_Q @ r.W_K.T))), rel=1e-12)
+
+
+def _recorded(loss):
+    """A list of every score tensor ``loss`` is called with, and the loss that records them."""
+    seen = []
+
+    def recording(S):
+        seen.append(S.detach().clone())
+        return loss(S)
+
+    return seen, recording
+
+
+def test_holdout_on_one_batch_searches_lambda_on_the_odd_samples_alone():
+    # Every trial of the search moves the odd samples only (the others stay at S0, bit for bit), and the λ the step
+    # takes is a trial's: the even samples' direction at λ RMS logits per attended entry of the whole batch.
+    data, mask, loss, W_Q, W_K, c = _growth_problem(n=1, b=6, seed=2)
+    X, G = data[0]
+    seen, recording = _recorded(loss)
+
+    r = strategies.make("gram/solve/full+metric/normal+holdout:bracket").grow(
+        W_Q, W_K, X, G, p=2, loss_of_scores=recording, scale=c, mask=mask)
+    S0, trials = seen[0], seen[1:-1]  # the current scores' loss first, the whole batch's at the refit step last
+    assert r.lam > 0 and r.info["refit"] is True and len(trials) >= 2
+    assert all(torch.equal(t[0::2], S0[0::2]) and not torch.equal(t[1::2], S0[1::2]) for t in trials)
+    assert not torch.equal(seen[-1][0::2], S0[0::2])  # the refit moves every sample
+    plain = strategies.make("gram/solve/full+metric/normal:bracket")
+    even = plain.new_statistics().update(X[0::2], G[0::2], mask)
+    prob = search_problem(plain, even, X, G, mask, W_Q, W_K, c, W_Q.shape[1] + 2, lambda S: torch.zeros(()))
+    U, s, V = prob.truncate(prob.Z - r.lam * _unit_direction(plain.direction(even), X, mask))
+    at_lam = scores(X[1::2].double(), (U * s) @ V.T)
+    assert min(rel_err(t[1::2], np64(at_lam)) for t in trials) < 1e-9
+
+
+def test_the_held_out_half_problem_is_differentiable_along_lambda():
+    # The Newton search differentiates the loss along λ through the held-out half's scores written among the others':
+    # autograd's derivative is the central difference's, and the fitted half stays at S0.
+    from growbench.strategies.growth import HELD_OUT_HALF, build_search_problem
+
+    data, mask, loss, W_Q, W_K, c = _growth_problem(n=1, b=6, seed=2)
+    X, G = data[0]
+    seen, recording = _recorded(loss)
+
+    spec = strategies.make("gram/solve/full+metric/fast+holdout:newton")
+    Z = c * W_Q @ W_K.T
+    S0 = scores(X, Z)
+    ctx = strategies.StepContext(X=X, G=G, mask=mask, loss=recording, Z=Z, S0=S0, loss0=float(loss(S0)), scale=c,
+                                 new_scale=c, heldout_samples=HELD_OUT_HALF)
+    prob = build_search_problem(spec, spec.new_statistics().update(X[0::2], G[0::2], mask), ctx, 4, penalise=False)
+    assert prob.X.shape[0] == prob.S0.shape[0] == prob.D_hat.shape[0] == 3
+    for lam in (0.3, 2.0):
+        t = torch.tensor(lam, dtype=DT, requires_grad=True)
+        (d,) = torch.autograd.grad(prob.loss(prob.S0 - t * prob.D_hat), t)
+        h = 1e-5
+        fd = (float(prob.loss(prob.S0 - (lam + h) * prob.D_hat)) - float(prob.loss(prob.S0 - (lam - h) * prob.D_hat)))
+        assert float(d) == pytest.approx(fd / (2 * h), rel=1e-6)
+    assert all(torch.equal(S[0::2], S0[0::2]) and not torch.equal(S[1::2], S0[1::2]) for S in seen)
 
 
 # ------------------------------------------------------------------ +shrink
