@@ -529,7 +529,7 @@ def factor_scores(X: Tensor, A: Tensor, B: Tensor) -> Tensor:
     """Scores ``(X A)(X B)ᵀ``, ``(b, d_s, d_s)``, of factors ``A, B (d_e, r)``: cheaper than ``X (A Bᵀ) Xᵀ``.
 
     Both ``X A`` and ``X B`` come from one product of the flattened batch with ``[A, B]``: two products
-    ``(b·d_s, d_e) @ (d_e, r)`` are narrow, and at ``r = 8`` took 1.7× the time of the one (CPU, 1 thread).
+    ``(b·d_s, d_e) @ (d_e, r)`` are narrow: at ``r = 8``, ``d_e = 64`` they took 3× the time of the one (CPU, 1 thread).
     """
     r = A.shape[1]
     XAB = (X.reshape(-1, X.shape[-1]) @ torch.cat([A, B], 1)).reshape(*X.shape[:-1], 2 * r)
