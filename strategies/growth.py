@@ -657,9 +657,11 @@ class GrowthStrategy(Strategy):
         ctx.log.append("holdout: one statistics batch: λ chosen on its odd samples with the direction of its even "
                        "ones, then refit on all (with 2 batches or more, λ is chosen on a whole batch)")
         ctx.refit_stats = super()._stats(ctx, stats)
-        # Statistics no caller sees: no fingerprint, since no batch is ever looked up in them.
-        half = self.new_statistics()._add(ctx.X[even], ctx.G[even], mask, fingerprint=False)
-        _host_reads(ctx, half.host_reads)
+        # The batch's sums are of the caller's G: derived from them, the half needs that G, not a rescaled one.
+        half = ctx.refit_stats.even_half(ctx.X, ctx.G, ctx.mask) if ctx.g_scale == 1.0 else None
+        if half is None:  # statistics no caller sees: no fingerprint, since no batch is ever looked up in them
+            half = self.new_statistics()._add(ctx.X[even], ctx.G[even], mask, fingerprint=False)
+            _host_reads(ctx, half.host_reads)
         return half
 
     def _direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:

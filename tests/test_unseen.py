@@ -47,6 +47,29 @@ def test_without_last_equals_statistics_of_the_other_batches(averaging):
         cut.without_last().without_last()
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "per-sample"])
+def test_the_even_half_of_one_batch_is_its_even_samples_statistics(mask_kind):
+    # +holdout's split of one batch: Σ A_b and Σ M_b over the samples of even index, and their own split (index
+    # 0 mod 4), against sums over the samples one by one; with the same numbers as accumulating them afresh.
+    (X, G), = batches(n=1, b=7)
+    d_s = X.shape[1]
+    mask = {"none": None, "causal": causal(d_s),
+            "per-sample": torch.rand(7, d_s, d_s, generator=gen(11), dtype=DT) > 0.3}[mask_kind]
+    half = Statistics().update(X, G, mask).even_half(X, G, mask)
+    Gm = np64(G if mask is None else G.masked_fill(~mask, 0.0))
+    Xn = np64(X)
+    assert rel_err(half.sum_A, sum(x.T @ x for x in Xn[0::2])) < 1e-12
+    assert rel_err(half.sum_M, sum(x.T @ g @ x for x, g in zip(Xn[0::2], Gm[0::2], strict=True))) < 1e-12
+    assert rel_err(half.sum_M_even, sum(x.T @ g @ x for x, g in zip(Xn[0::4], Gm[0::4], strict=True))) < 1e-12
+    assert (half.n, half.tokens, half.n_batches) == (4, 4 * d_s, 1)
+    fresh = Statistics().update(X[0::2], G[0::2], mask if mask is None or mask.dim() == 2 else mask[0::2])
+    assert all(torch.equal(getattr(half, n), getattr(fresh, n)) for n in ("sum_A", "sum_M", "sum_M_even"))
+    # Not derivable: two batches, another batch's size, a subclass's extra sums.
+    assert Statistics().update(X, G).update(X, G).even_half(X, G) is None
+    assert Statistics().update(X[:6], G[:6]).even_half(X, G) is None
+    assert strategies.make("formula3").new_statistics().update(X, G).even_half(X, G) is None  # mean-input
+
+
 def test_half_sums_are_the_even_and_odd_samples_across_batches():
     data = batches(n=3, b=5)  # odd batch size: the parity of a batch's first sample alternates
     stats = Statistics()
