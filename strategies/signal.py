@@ -21,7 +21,8 @@ is exact and leaves the ratio unchanged (both of its terms are bilinear in the g
 directions), so no extreme ``G`` overflows or underflows a product. The metric's floor bounds the
 whitening's condition number (``Metric``): at most about ``1/sqrt(rtol)``, some 30 at d_e = 1024.
 
-This module imports nothing of the package but the metric's type and :func:`strategies._checks.pow2_scale`.
+This module imports nothing of the package but :mod:`strategies.truncation` (the metric, and the truncations'
+own subspaces) and :func:`strategies._checks.pow2_scale`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ._checks import pow2_scale
-from .truncation import Metric
+from .truncation import FullSVD, Metric, RandomizedSVD
 
 #: Widths above which the top singular subspace comes from a randomised sketch instead of a full SVD.
 LOW_RANK_ABOVE = 1024
@@ -74,16 +75,9 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
     else:
         Y_a, Y_b, N_a, N_b = P_a, P_b, M_a, M_b
     Y = Y_a + Y_b
-    if top_subspace is not None:
-        U, V = top_subspace(Y, rank)
-    elif Y.shape[-1] <= LOW_RANK_ABOVE:
-        U, _, Vh = torch.linalg.svd(Y)
-        U, V = U[:, :rank], Vh[:rank].mT
-    else:  # the top singular subspace of a wide matrix by a seeded sketch, as the rsvd truncation does
-        with torch.random.fork_rng(devices=[Y.device] if Y.device.type == "cuda" else []):
-            torch.manual_seed(0)
-            U, _, V = torch.svd_lowrank(Y, q=min(rank + 16, Y.shape[-1]), niter=4)
-        U, V = U[:, :rank], V[:, :rank]
+    if top_subspace is None:  # a wide matrix's by the rsvd truncation's seeded sketch
+        top_subspace = (FullSVD() if Y.shape[-1] <= LOW_RANK_ABOVE else RandomizedSVD()).top_subspace
+    U, V = top_subspace(Y, rank)
 
     def core(T: Tensor) -> Tensor:  # Uᵀ T V: ⟨A, U Uᵀ B V Vᵀ⟩ = ⟨Uᵀ A V, Uᵀ B V⟩
         return U.mT @ T @ V
