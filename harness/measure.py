@@ -101,7 +101,7 @@ def loss_along_lambda(prob: strategies.SearchProblem | None, lam_max: float, n: 
         return {}
     lams = [lam_max * i / (n - 1) for i in range(n)]
     with torch.no_grad():
-        fast = [float(prob.loss(torch.add(prob.S0, prob.D_hat, alpha=-lam))) for lam in lams]
+        fast = [float(prob.loss(torch.add(prob.S0, prob.direction_scores(), alpha=-lam))) for lam in lams]
         normal = [float(prob.loss(truncated_path(prob, lam))) for lam in lams]
     return {"lam": lams, "fast": fast, "normal": normal, "loss0": prob.loss0, "slope": prob.slope0}
 

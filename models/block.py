@@ -216,6 +216,52 @@ class Head(nn.Module):
             self.register_buffer("c0", c0)
 
 
+class HeadLoss:
+    """The loss as a function of one head's scores on a captured batch, everything else held as it was.
+
+    ``loss(S)`` is ``rest(base + softmax(S) V W_O)`` (the mask applied to ``S``); the two stages are offered apart
+    as well (the protocol :class:`growbench.strategies.scores_loss.AttentionSplit`), so that a growth whose line
+    search moves some samples recomputes the softmax and the product for those alone.
+
+    Parameters
+    ----------
+    rest : Callable[[Tensor], Tensor]
+        Maps the block output (b, d_s, d_e) to a scalar loss.
+    base : Tensor
+        The block output without this head's term, (b, d_s, d_e).
+    V : Tensor
+        This head's values, (b, d_s, d_v), or with ``W_O`` folded in, (b, d_s, d_e).
+    W_O : Tensor or None
+        This head's rows of the output projection, (d_v, d_e); None where folded into ``V``.
+    mask : Tensor or None
+        Bool (d_s, d_s), True where attended.
+    shape : torch.Size
+        The captured batch's (b, d_s, d_e).
+    """
+
+    def __init__(self, rest: Callable[[Tensor], Tensor], base: Tensor, V: Tensor, W_O: Tensor | None,
+                 mask: Tensor | None, shape: torch.Size) -> None:
+        self.rest, self.base, self.V, self.W_O, self.mask = rest, base, V, W_O, mask
+        self.b, self.d_s = shape[0], shape[1]
+
+    def __call__(self, S_new: Tensor) -> Tensor:
+        """The loss at the head's scores ``S_new`` (b, d_s, d_s), pre-mask: a scalar."""
+        return self.from_attention(self.attend(S_new, slice(None)))
+
+    def attend(self, S: Tensor, samples: slice) -> Tensor:
+        """The head's output (n, d_s, d_v or d_e) on the ``n`` samples ``samples`` at their scores ``S``."""
+        n = len(range(self.b)[samples])
+        if S.shape != (n, self.d_s, self.d_s):
+            raise ValueError(f"scores must have shape {(n, self.d_s, self.d_s)}, got {tuple(S.shape)}")
+        if self.mask is not None:
+            S = S.masked_fill(~self.mask, float("-inf"))
+        return torch.softmax(S, dim=-1) @ self.V[samples]
+
+    def from_attention(self, out: Tensor) -> Tensor:
+        """The loss given the head's output on every sample, (b, d_s, d_v or d_e): a scalar."""
+        return self.rest(self.base + (out if self.W_O is None else out @ self.W_O))
+
+
 class GrowableAttention(GrowsHeads, CaptureSwitch, nn.Module):
     """Residual self-attention block with h heads, each with its own growable d_k.
 
@@ -454,7 +500,7 @@ class GrowableAttention(GrowsHeads, CaptureSwitch, nn.Module):
 
     def loss_of_scores(
         self, rest: Callable[[Tensor], Tensor], head: int = 0
-    ) -> Callable[[Tensor], Tensor]:
+    ) -> HeadLoss:
         """Loss as a function of ``head``'s scores on the last captured batch.
 
         Parameters
@@ -466,10 +512,11 @@ class GrowableAttention(GrowsHeads, CaptureSwitch, nn.Module):
 
         Returns
         -------
-        Callable[[Tensor], Tensor]
+        HeadLoss
             ``fn(S_new)``, S_new (b, d_s, d_s) pre-mask -> scalar. Built from
             plain ops so ``torch.autograd.grad`` and ``torch.func`` transforms
-            (e.g. ``jvp(grad(fn))``) apply.
+            (e.g. ``jvp(grad(fn))``) apply. Also offers the head's output and
+            the loss given it apart (``fn.attend``, ``fn.from_attention``).
 
         Notes
         -----
@@ -505,16 +552,7 @@ class GrowableAttention(GrowsHeads, CaptureSwitch, nn.Module):
             if fold:
                 V = V @ W_O
 
-        def fn(S_new: Tensor) -> Tensor:
-            if S_new.shape != X.shape[:1] + (X.shape[1], X.shape[1]):
-                raise ValueError(
-                    f"scores must have shape {(X.shape[0], X.shape[1], X.shape[1])}, got {tuple(S_new.shape)}"
-                )
-            S = S_new if mask is None else S_new.masked_fill(~mask, float("-inf"))
-            out = torch.softmax(S, dim=-1) @ V
-            return rest(base + (out if fold else out @ W_O))
-
-        return fn
+        return HeadLoss(rest, base, V, None if fold else W_O, mask, X.shape)
 
     # ----------------------------------------------------------------- growth
     def factors(self, head: int = 0) -> tuple[Tensor, Tensor]:

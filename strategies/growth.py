@@ -36,6 +36,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -44,6 +45,8 @@ from ._checks import abs_max, check_batch, check_factors, check_scale, pow2_scal
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem, factor_scores, truncated_scores
 from .result import GrowthResult
+from .score_change import SampleGrams, grams_pay
+from .scores_loss import CountedLoss
 from .signal import signal_share
 from .statistics import Statistics
 from .timing import Profile, section, synchronize, timed
@@ -56,39 +59,6 @@ FITTED_HALF, HELD_OUT_HALF = slice(0, None, 2), slice(1, None, 2)
 #: ``max|G|`` outside this range is rescaled by a power of two before anything is computed from
 #: ``G``: squares of ``2^±24``-sized numbers summed over a batch stay well inside float32's range.
 G_RANGE = (2.0**-24, 2.0**24)
-
-
-class _CountedLoss:
-    """Wraps ``loss_of_scores`` to count its calls and check what it returns.
-
-    Parameters
-    ----------
-    fn : callable
-        The caller's ``loss_of_scores``.
-    dtype : torch.dtype, optional
-        The dtype ``fn`` receives scores in (the inputs' own, for half-precision inputs
-        computed in float32); the loss is then widened back to the scores' dtype. The casts
-        are differentiable, so the Newton search's derivatives along λ still work.
-    """
-
-    def __init__(self, fn: Callable[[Tensor], Tensor], dtype: torch.dtype | None = None) -> None:
-        if not callable(fn):
-            raise ValueError(f"loss_of_scores must be callable (scores -> scalar loss), got {type(fn).__name__}")
-        self.fn = fn
-        self.dtype = dtype
-        self.calls = 0
-
-    def __call__(self, S: Tensor) -> Tensor:
-        self.calls += 1
-        cast = self.dtype is not None and S.dtype != self.dtype
-        with section("loss calls"):
-            out = self.fn(S.to(self.dtype) if cast else S)
-        if not torch.is_tensor(out) or out.numel() != 1:
-            raise ValueError(f"loss_of_scores must return a scalar tensor, got {out!r:.80}")
-        if out.is_complex() or out.device.type == "meta":
-            raise ValueError(f"loss_of_scores must return a real scalar with a value, got {out.dtype} on {out.device}")
-        out = out.reshape(())
-        return out.to(S.dtype) if cast and out.is_floating_point() else out
 
 
 @dataclass
@@ -138,6 +108,13 @@ class StepContext:
     inputs : tuple or None
         The caller's ``(X, G, mask)`` as passed (before any conversion): statistics recognise their last
         batch by these tensors' identity (:meth:`Statistics.is_last`).
+    M_heldout : Tensor or None
+        ``Σ X_bᵀ G_b X_b`` over ``heldout_samples``, where ``M_batch`` and the fitted half's statistics give it.
+    grams : SampleGrams or None
+        The batch's per-sample Gram matrices, once a direction's ``‖X P Xᵀ‖`` was taken from them.
+    attention0 : Tensor or None
+        The head's output at ``S0`` on every sample, where the loss offers it and a search may move part of the
+        batch (:class:`strategies.scores_loss.AttentionSplit`).
     """
 
     X: Tensor
@@ -160,6 +137,9 @@ class StepContext:
     x_max: float = math.nan
     profile: Profile | None = None
     inputs: tuple | None = None
+    M_heldout: Tensor | None = None
+    grams: SampleGrams | None = None
+    attention0: Tensor | None = None
 
 
 class Strategy(ABC):
@@ -352,7 +332,8 @@ class Strategy(ABC):
         out_dtype = X.dtype
         caller_stats = stats
         own_stats = stats is None
-        ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask)
+        ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask,
+                                   keep_attention=self.holds_out)
         ctx.profile, ctx.inputs = profile, (X, G, mask)
         stats = self._stats(ctx, stats)
         ctx.log[:0] = stats.log
@@ -365,6 +346,8 @@ class Strategy(ABC):
         ctx.info["tokens_per_d_e2"] = tokens / X.shape[-1] ** 2
         ctx.info["statistics_batches"] = 1 if own_stats else caller_stats.n_batches
         ctx.M_batch = _batch_gradient(ctx, stats, caller_stats)
+        if ctx.heldout_samples is not None:  # stats are the fitted half's
+            ctx.M_heldout = _heldout_gradient(ctx.M_batch, stats)
         try:
             W_Q2, W_K2, lam = self._step(ctx, W_Q, W_K, stats, p)
         except torch.linalg.LinAlgError as e:  # inputs in range can still defeat an eigensolver: keep the function
@@ -389,7 +372,7 @@ class Strategy(ABC):
 
 def start_step(
     W_Q: Tensor, W_K: Tensor, X: Tensor, G: Tensor, loss_of_scores: Callable[[Tensor], Tensor],
-    scale: float | None, new_scale: float | None, mask: Tensor | None,
+    scale: float | None, new_scale: float | None, mask: Tensor | None, keep_attention: bool = False,
 ) -> tuple[StepContext, Tensor, Tensor]:
     """The step context of one growth: inputs in the compute dtype, ``G`` in range, current scores and loss.
 
@@ -405,6 +388,9 @@ def start_step(
         ``c`` (default ``1/sqrt(d_k)``) and ``c'`` (default ``c``).
     mask : Tensor or None
         The checked mask.
+    keep_attention : bool
+        Keep the head's output at the current scores (``ctx.attention0``) where the loss offers it
+        (:class:`strategies.scores_loss.AttentionSplit`): for a search that will move part of the batch.
 
     Returns
     -------
@@ -427,7 +413,7 @@ def start_step(
         cdt = range_dtype(X, x_max)
         # The loss sees scores in the caller's dtype whatever the compute dtype: a half-precision
         # model's rest (values, projections) cannot take float32 scores.
-        loss = _CountedLoss(loss_of_scores, out_dtype)
+        loss = CountedLoss(loss_of_scores, out_dtype)
         # Detached: the inputs are data here, and a result must never carry the caller's graph.
         X, G, W_Q, W_K = (t.detach().to(cdt) for t in (X, G, W_Q, W_K))
         g_scale = 1.0
@@ -438,7 +424,12 @@ def start_step(
         with section("current scores"):
             Z = scale * W_Q @ W_K.mT
             S0 = factor_scores(X, scale * W_Q, W_K)
-        loss0 = float(loss(S0))
+        attention0 = None
+        if keep_attention and loss.splits:
+            loss0_t, attention0 = loss.attention(S0)
+            loss0 = float(loss0_t)
+        else:
+            loss0 = float(loss(S0))
     if not math.isfinite(loss0):
         s_max = float(S0.abs().amax())
         if not s_max <= torch.finfo(out_dtype).max:
@@ -446,7 +437,7 @@ def start_step(
                              "inputs or the factors")
         raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
     ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
-                      g_scale=g_scale, x_max=x_max)
+                      g_scale=g_scale, x_max=x_max, attention0=attention0)
     _host_reads(ctx, 1)  # the two magnitudes (the loss calls are counted at the end)
     if g_scale != 1.0:
         ctx.info["g_scale"] = g_scale
@@ -579,6 +570,15 @@ def _batch_gradient(ctx: StepContext, stats: Statistics, caller_stats: Statistic
             or M.device != ctx.X.device or not caller_stats.is_last(*ctx.inputs)):
         return None
     return M
+
+
+def _heldout_gradient(M_batch: Tensor | None, fitted: Statistics) -> Tensor | None:
+    """``Σ X_bᵀ G_b X_b`` over the held-out half of the one statistics batch: the batch's sum less that of the
+    fitted half (``fitted.sum_M``), in the same units; None where either is unknown or they differ in kind."""
+    half = fitted.sum_M
+    if M_batch is None or half is None or half.dtype != M_batch.dtype or half.device != M_batch.device:
+        return None
+    return M_batch - half
 
 
 def _fits(dtype: torch.dtype, *tensors: Tensor) -> bool:
@@ -827,28 +827,17 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
         metric = (Metric(stats.mean_A.to(dtype=X.dtype, device=X.device), strategy.truncation.metric_rtol)
                   if strategy.truncation.metric else None)
     finite_t = torch.isfinite(P).all()
-    D = X @ P @ X.mT
-    if mask is not None:
-        D.mul_(mask)
-    # D has G's scale: ‖D‖² and ⟨G, D⟩ overflow or underflow float32 for an extreme one (from
-    # statistics the caller accumulated). Dividing D and P by one power of two is exact and
-    # leaves P̂ = P / ‖D‖, D̂ and the slope bit for bit unchanged: they are scale-free.
-    s = pow2_scale(D)
-    P, D = P / s, D.div_(s)
     # λ is in RMS logits per entry of the whole batch, for the searched direction and the refit alike; a +holdout
     # search on part of the batch moves, and sees the slope of, that part only. (Measured on the held-out half
     # instead, the step kept a quarter less of the held-out gain on MiniLM heads the sweep never grows: a direction
     # fitted to few samples acts mostly on those, docs/mathematics.md §5.4.)
     moved = ctx.heldout_samples if ctx.heldout_samples is not None else slice(None)  # a view: nothing is copied
-    D_moved = D[moved]
-    norm_t = torch.linalg.vector_norm(D)
-    slope_t = -torch.dot(ctx.G[moved].reshape(-1), D_moved.reshape(-1))
-    n_entries_t = mask.expand(X.shape[0], -1, -1).sum() if mask is not None else torch.tensor(D.numel())
-    # One host transfer for the four numbers the step must decide on.
-    finite, norm, slope, n_entries = torch.stack([
-        finite_t.to(D.dtype), norm_t, slope_t, n_entries_t.to(device=D.device, dtype=D.dtype),
-    ]).tolist()
-    ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + 1 + ctx.info.pop("factor_host_syncs", 0)
+    n_entries_t = (mask.expand(X.shape[0], -1, -1).sum() if mask is not None
+                   else torch.tensor(X.shape[0] * X.shape[1] ** 2))
+    numbers = _numbers_from_sums(ctx, P, finite_t, n_entries_t) or _numbers_from_scores(ctx, P, moved, finite_t,
+                                                                                         n_entries_t)
+    P, D_moved, (finite, norm, slope, n_entries) = numbers
+    ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + ctx.info.pop("factor_host_syncs", 0)
     if metric is not None:
         ctx.log.extend(metric.log)
         ctx.info["host_syncs"] += metric.host_syncs
@@ -869,24 +858,93 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
     loss, S0 = ctx.loss, ctx.S0
     held = ctx.heldout_samples
     if held is not None:
-        S0 = ctx.S0[held]
-
-        def loss(S: Tensor) -> Tensor:  # the held-out samples' scores S among the fitted ones' current scores
-            with section("trial scores"):
-                whole = torch.empty_like(ctx.S0)  # the two halves interleave: each written once
-                whole[FITTED_HALF] = ctx.S0[FITTED_HALF]
-                whole[held] = S  # differentiable in S (the Newton search's derivatives along λ)
-            return ctx.loss(whole)
+        S0, loss = ctx.S0[held], _held_out_loss(ctx, held)
 
     def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return strategy.truncation(Y, rank, metric)
 
     # X contiguous: every trial's scores take the moved samples' X in one product (factor_scores).
+    X_moved, P_hat = X[moved].contiguous(), P / norm
+    mask_moved = mask if mask is None or mask.dim() == 2 else mask[moved]
     return SearchProblem(
-        loss=loss, X=X[moved].contiguous(), Z=ctx.Z, P_hat=P / norm, S0=S0, D_hat=D_moved.div_(norm),
+        loss=loss, X=X_moved, Z=ctx.Z, P_hat=P_hat, S0=S0,
+        D_hat=D_moved.div_(norm) if D_moved is not None else lambda: _masked(X_moved @ P_hat @ X_moved.mT, mask_moved),
         loss0=ctx.loss0, truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope + penalty,
         timings=ctx.timings, penalty=penalty,
     )
+
+
+def _held_out_loss(ctx: StepContext, held: slice) -> Callable[[Tensor], Tensor]:
+    """The batch's loss as a function of the scores of the samples ``held`` alone, the others at their current ones.
+
+    Through the loss's attention split where it offers one (``ctx.attention0``): each call then computes the
+    softmax and the product of those samples only. Otherwise their scores are written among the others'.
+    """
+    if ctx.attention0 is not None:
+        return partial(ctx.loss.with_samples, ctx.attention0, held)
+
+    def loss(S: Tensor) -> Tensor:
+        with section("trial scores"):
+            whole = torch.empty_like(ctx.S0)  # the two halves interleave: each written once
+            whole[FITTED_HALF] = ctx.S0[FITTED_HALF]
+            whole[held] = S  # differentiable in S (the Newton search's derivatives along λ)
+        return ctx.loss(whole)
+
+    return loss
+
+
+def _masked(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """``scores`` with the entries outside ``mask`` set to zero (in place)."""
+    return scores if mask is None else scores.mul_(mask)
+
+
+def _read(ctx: StepContext, finite_t: Tensor, norm_t: Tensor, slope_t: Tensor,
+          n_entries_t: Tensor) -> list[float]:
+    """One host transfer for the four numbers a step decides on: whether ``P`` is finite, ``‖X P Xᵀ‖``, the slope
+    ``−⟨G, X P Xᵀ⟩`` over the moved samples and the number of attended entries."""
+    _host_reads(ctx, 1)
+    dtype, device = norm_t.dtype, norm_t.device
+    return torch.stack([finite_t.to(dtype), norm_t, slope_t.to(dtype), n_entries_t.to(device=device, dtype=dtype)]
+                       ).tolist()
+
+
+def _numbers_from_scores(ctx: StepContext, P: Tensor, moved: slice, finite_t: Tensor,
+                         n_entries_t: Tensor) -> tuple[Tensor, Tensor, list[float]]:
+    """``P`` divided by a power of two near ``max|X P Xᵀ|``, the moved samples' ``X P Xᵀ`` in that unit, and
+    :func:`_read`'s numbers, from the score change formed over the batch."""
+    X, mask = ctx.X, ctx.mask
+    D = _masked(X @ P @ X.mT, mask)
+    # D has G's scale: ‖D‖² and ⟨G, D⟩ overflow or underflow float32 for an extreme one (from
+    # statistics the caller accumulated). Dividing D and P by one power of two is exact and
+    # leaves P̂ = P / ‖D‖, D̂ and the slope bit for bit unchanged: they are scale-free.
+    s = pow2_scale(D)
+    P, D = P / s, D.div_(s)
+    D_moved = D[moved]
+    slope_t = -torch.dot(ctx.G[moved].reshape(-1), D_moved.reshape(-1))
+    return P, D_moved, _read(ctx, finite_t, torch.linalg.vector_norm(D), slope_t, n_entries_t)
+
+
+def _numbers_from_sums(ctx: StepContext, P: Tensor, finite_t: Tensor,
+                       n_entries_t: Tensor) -> tuple[Tensor, None, list[float]] | None:
+    """:func:`_numbers_from_scores` without forming ``X P Xᵀ`` (the moved samples' score change left to be formed
+    if ever asked for), where that is cheaper and the sums allow it.
+
+    ``‖X P Xᵀ‖`` comes from the samples' Gram matrices (:class:`strategies.score_change.SampleGrams`, kept on
+    ``ctx`` for every direction of the growth) and the slope from ``⟨G_b, X_b P X_bᵀ⟩ = ⟨X_bᵀ G_b X_b, P⟩``
+    summed over the moved samples (``ctx.M_batch``, or ``ctx.M_heldout`` for the held-out half). ``P`` is divided
+    by a power of two near ``max|P|``. None where the batch is masked, ``d_e`` is too wide for the traces to pay,
+    the moved samples' gradient sum is not known, or a number is out of range: the formed score change then
+    decides, and says why.
+    """
+    gradient = ctx.M_batch if ctx.heldout_samples is None else ctx.M_heldout
+    if gradient is None or not grams_pay(ctx.X, ctx.mask):
+        return None
+    if ctx.grams is None:
+        ctx.grams = SampleGrams(ctx.X)
+    P = P / pow2_scale(P)
+    numbers = _read(ctx, finite_t, ctx.grams.score_change_norm(P), -torch.sum(gradient * P), n_entries_t)
+    finite, norm, slope, _ = numbers
+    return (P, None, numbers) if finite and math.isfinite(norm) and norm > 0 and math.isfinite(slope) else None
 
 
 def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor, Tensor] | None, rank: int,

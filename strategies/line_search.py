@@ -77,8 +77,12 @@ class SearchProblem:
         ``(b, d_s, d_e)``.
     Z, P_hat : Tensor
         Current product ``c W_Q W_Kᵀ`` and normalised direction, ``(d_e, d_e)``.
-    S0, D_hat : Tensor
-        ``X Z Xᵀ`` and ``X P̂ Xᵀ``, ``(b, d_s, d_s)``.
+    S0 : Tensor
+        ``X Z Xᵀ``, ``(b, d_s, d_s)``.
+    D_hat : Tensor or callable
+        ``X P̂ Xᵀ``, ``(b, d_s, d_s)``, or a function of no arguments that forms it: only the fast path and
+        measurements along it need it, and a growth that found ``‖X P Xᵀ‖`` and the slope without it (from the
+        samples' Gram matrices) leaves it unformed. Read it through :meth:`direction_scores`.
     loss0 : float
         ``loss(S0)``.
     truncate : callable
@@ -99,13 +103,19 @@ class SearchProblem:
     Z: Tensor
     P_hat: Tensor
     S0: Tensor
-    D_hat: Tensor
+    D_hat: Tensor | Callable[[], Tensor]
     loss0: float
     truncate: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
     lam_unit: float
     slope0: float = math.nan
     timings: dict[str, float] | None = None
     penalty: float = 0.0
+
+    def direction_scores(self) -> Tensor:
+        """``D̂ = X P̂ Xᵀ``, ``(b, d_s, d_s)``, formed on the first call where the problem holds how to form it."""
+        if callable(self.D_hat):
+            self.D_hat = self.D_hat()
+        return self.D_hat
 
 
 class LineSearch(ABC):
@@ -449,8 +459,8 @@ class LineSearch(ABC):
 
     def _fast_path(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
         if isinstance(lam, float):
-            return torch.add(prob.S0, prob.D_hat, alpha=-lam)  # one pass, one allocation
-        return prob.S0 - lam * prob.D_hat
+            return torch.add(prob.S0, prob.direction_scores(), alpha=-lam)  # one pass, one allocation
+        return prob.S0 - lam * prob.direction_scores()
 
     def _newton(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
         best = (0.0, prob.loss0)

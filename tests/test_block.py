@@ -225,6 +225,30 @@ def test_loss_of_scores_reproduces_and_differentiates(causal: bool, d_s: int) ->
     assert (hv * V).sum().item() == pytest.approx(fd.item(), rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d_s", [5, 12])
+def test_the_loss_given_some_samples_attention_is_the_loss_at_their_scores(causal: bool, d_s: int) -> None:
+    # fn.attend on a slice of the samples and fn.from_attention: the loss where those samples have new scores and
+    # the others their captured ones, against the reference forward with the scores written in.
+    block = make(d_e=6, d_k=3, n_heads=2, bias=True, causal=causal)
+    X = inputs(b=5, d_s=d_s)
+    with block.capture():
+        rest(block(X)).backward()
+    cap = block.captured(1)
+    fn = block.loss_of_scores(rest, head=1)
+    odd = slice(1, None, 2)
+    S_odd = cap.S[odd] + torch.randn(cap.S[odd].shape, generator=torch.Generator().manual_seed(3), dtype=DT)
+    out = fn.attend(cap.S, slice(None))
+    out[odd] = fn.attend(S_odd, odd)
+    S = cap.S.clone()
+    S[odd] = S_odd
+    cs = [block.scale(i) for i in range(2)]
+    torch.testing.assert_close(fn.from_attention(out), rest(ref_forward(block, X, cs, {1: S})).detach())
+    torch.testing.assert_close(fn.from_attention(fn.attend(S, slice(None))), fn(S))
+    with pytest.raises(ValueError, match=r"scores must have shape \(2, "):
+        fn.attend(cap.S, odd)
+
+
 # --------------------------------------------------------------------- install
 def preserving_factors(block: GrowableAttention, head: int, p: int, seed: int = 11):
     """Hand-built grown factors with c' W_Q' W_K'^T == c W_Q W_K^T."""

@@ -1,0 +1,96 @@
+"""The loss a growth evaluates: the caller's ``loss_of_scores``, counted and checked, and the optional protocol
+that lets a search which moves some samples recompute only their attention.
+
+A ``loss_of_scores`` maps a head's scores ``(b, d_s, d_s)`` to the loss. Attention is sample by sample (a softmax
+over each row, then a product with that sample's values), so a loss may offer two more methods
+(:class:`AttentionSplit`): ``attend(S, samples)``, the head's output on the samples ``samples`` at their scores
+``S``, and ``from_attention(out)``, the loss given the head's output on every sample. Then ``loss(S) =
+from_attention(attend(S, slice(None)))``, and a ``+holdout`` search on one batch, whose trials move only the
+held-out half, computes each trial's softmax and product over that half alone and keeps the other half's output
+from the current scores (the most expensive part of a call at the reference sizes, about 85%).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from .timing import section
+
+
+@runtime_checkable
+class AttentionSplit(Protocol):
+    """A ``loss_of_scores`` that also offers its attention and the rest of its computation apart."""
+
+    def __call__(self, S: Tensor) -> Tensor:
+        """The loss at the scores ``S`` ``(b, d_s, d_s)``: ``from_attention(attend(S, slice(None)))``."""
+
+    def attend(self, S: Tensor, samples: slice) -> Tensor:
+        """The head's output ``(n, d_s, d_out)`` on the ``n`` samples ``samples`` of the batch at their scores
+        ``S`` ``(n, d_s, d_s)``."""
+
+    def from_attention(self, out: Tensor) -> Tensor:
+        """The loss given the head's output on every sample, ``(b, d_s, d_out)``: a scalar."""
+
+
+class CountedLoss:
+    """Wraps ``loss_of_scores`` to count its calls and check what it returns.
+
+    Parameters
+    ----------
+    fn : callable
+        The caller's ``loss_of_scores``.
+    dtype : torch.dtype, optional
+        The dtype ``fn`` receives scores in (the inputs' own, for half-precision inputs
+        computed in float32); the loss is then widened back to the scores' dtype. The casts
+        are differentiable, so the Newton search's derivatives along λ still work.
+    """
+
+    def __init__(self, fn: Callable[[Tensor], Tensor], dtype: torch.dtype | None = None) -> None:
+        if not callable(fn):
+            raise ValueError(f"loss_of_scores must be callable (scores -> scalar loss), got {type(fn).__name__}")
+        self.fn = fn
+        self.dtype = dtype
+        self.calls = 0
+        #: Whether ``fn`` offers :class:`AttentionSplit`'s two methods.
+        self.splits = isinstance(fn, AttentionSplit)
+
+    def _cast(self, S: Tensor) -> bool:
+        return self.dtype is not None and S.dtype != self.dtype
+
+    def _checked(self, value: object, S: Tensor) -> Tensor:
+        """``fn``'s value checked, as a 0-dim tensor (widened back to the scores' dtype where they were cast)."""
+        if not torch.is_tensor(value) or value.numel() != 1:
+            raise ValueError(f"loss_of_scores must return a scalar tensor, got {value!r:.80}")
+        if value.is_complex() or value.device.type == "meta":
+            raise ValueError(
+                f"loss_of_scores must return a real scalar with a value, got {value.dtype} on {value.device}")
+        value = value.reshape(())
+        return value.to(S.dtype) if self._cast(S) and value.is_floating_point() else value
+
+    def __call__(self, S: Tensor) -> Tensor:
+        self.calls += 1
+        with section("loss calls"):
+            value = self.fn(S.to(self.dtype) if self._cast(S) else S)
+        return self._checked(value, S)
+
+    def attention(self, S: Tensor) -> tuple[Tensor, Tensor]:
+        """``(the loss at S, the head's output on every sample)``: one call, through ``fn``'s split."""
+        self.calls += 1
+        with section("loss calls"):
+            out = self.fn.attend(S.to(self.dtype) if self._cast(S) else S, slice(None))
+            value = self.fn.from_attention(out)
+        return self._checked(value, S), out
+
+    def with_samples(self, out: Tensor, samples: slice, S: Tensor) -> Tensor:
+        """The loss where the samples ``samples`` have the scores ``S`` and every other sample the output ``out``
+        ``(b, d_s, d_out)`` already computed: one call, whose softmax and product cover ``samples`` alone."""
+        self.calls += 1
+        with section("loss calls"):
+            whole = out.clone()
+            whole[samples] = self.fn.attend(S.to(self.dtype) if self._cast(S) else S, samples)  # differentiable in S
+            value = self.fn.from_attention(whole)
+        return self._checked(value, S)

@@ -1,0 +1,121 @@
+"""``‖X P Xᵀ‖`` from the samples' Gram matrices (strategies/score_change.py), and the growth's problem built from
+the statistics' sums instead of the formed score change: the same problem, checked against the formed one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import DT, anisotropic_X, causal, factors, gen, grad_of, rel_err
+
+from growbench import strategies
+from growbench.strategies import growth
+from growbench.strategies.score_change import SampleGrams, grams_pay
+
+
+def _formed_norm(X: torch.Tensor, P: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(X.double() @ P.double() @ X.double().mT))
+
+
+def _ill_placed_direction(X: torch.Tensor, seed: int) -> torch.Tensor:
+    """``A⁻¹ M A⁻¹`` with ``A`` the batch's Gram sum: a non-symmetric direction weighted to ``X``'s weakest
+    directions, where the rounding of either way to ``‖X P Xᵀ‖`` is largest."""
+    X64 = X.double()
+    A = (X64.mT @ X64).sum(0)
+    M = (X64.mT @ torch.randn(X.shape[0], X.shape[1], X.shape[1], generator=gen(seed), dtype=DT) @ X64).sum(0)
+    return torch.linalg.solve(A, torch.linalg.solve(A, M.mT).mT).to(X.dtype)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_traces_are_the_formed_score_changes_norm(seed):
+    X = anisotropic_X(5, 11, 6, cond=1e2, seed=seed)
+    P = torch.randn(6, 6, generator=gen(seed + 1), dtype=DT)  # not symmetric
+    assert float(SampleGrams(X).score_change_norm(P)) == pytest.approx(_formed_norm(X, P), rel=1e-13)
+
+
+@pytest.mark.parametrize("cond", [1.0, 1e2, 1e4])
+def test_in_float32_the_traces_are_as_accurate_as_the_formed_norm(cond):
+    X = anisotropic_X(64, 48, 16, cond=cond, seed=3).float()
+    P = _ill_placed_direction(X, seed=4)
+    exact = _formed_norm(X, P)
+    traces = abs(float(SampleGrams(X).score_change_norm(P)) / exact - 1)
+    formed = abs(float(torch.linalg.vector_norm(X @ P @ X.mT)) / exact - 1)
+    assert traces <= max(2 * formed, 1e-6), (traces, formed)
+
+
+@pytest.mark.parametrize("exponent", [-60, 40])
+def test_the_traces_keep_float32s_range_at_extreme_magnitudes(exponent):
+    # Unscaled, the traces of X 2^40 would reach 2^320 and those of X 2^-60 underflow to 0; ‖X P Xᵀ‖ is in range.
+    X = anisotropic_X(8, 12, 5, cond=10.0, seed=5).float()
+    P = torch.randn(5, 5, generator=gen(6), dtype=DT).float()
+    base = float(SampleGrams(X).score_change_norm(P))
+    big = float(SampleGrams(X * 2.0**exponent).score_change_norm(P))
+    assert big == pytest.approx(base * 2.0 ** (2 * exponent), rel=1e-6)
+
+
+def test_the_traces_pay_for_unmasked_batches_well_under_d_s_wide():
+    assert grams_pay(torch.zeros(2, 128, 64), None)
+    assert not grams_pay(torch.zeros(2, 128, 64), causal(128))  # no Gram matrix leaves masked entries out
+    assert not grams_pay(torch.zeros(2, 128, 96), None)
+    assert not grams_pay(torch.zeros(2, 128, 256), None)
+
+
+def _unmasked_growth_problem(seed: int, b: int = 8, d_s: int = 16, d_e: int = 6, d_k: int = 2):
+    """Scores pulled towards a teacher's, ``X (Z + Δ) Xᵀ`` with ``Δ`` of rank 2, plus noise: every half of the
+    batch sees the same ``Δ``, so a direction fitted to one half lowers the other's loss."""
+    X = anisotropic_X(b, d_s, d_e, cond=1e2, seed=seed)
+    W_Q, W_K = factors(d_e, d_k, seed=seed + 1)
+    c = 1 / math.sqrt(d_k)
+    U, V = factors(d_e, 2, seed=seed + 2)
+    T = X @ (c * W_Q @ W_K.T + U @ V.T) @ X.mT + 0.1 * torch.randn(b, d_s, d_s, generator=gen(seed + 3), dtype=DT)
+
+    def loss(S: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((S - T) ** 2).mean()
+
+    return X, grad_of(loss, X @ (c * W_Q @ W_K.T) @ X.mT), W_Q, W_K, c, loss
+
+
+@pytest.mark.parametrize("held_out", [False, True])
+def test_the_problem_from_the_sums_is_the_problem_from_the_formed_score_change(held_out):
+    # The same direction, unit, slope and (formed on demand) score change, whichever way they were found.
+    X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=7)
+    s = strategies.make("gram/solve/full+metric/normal:bracket")
+    fitted = slice(None) if not held_out else growth.FITTED_HALF
+    stats = s.new_statistics().update(X[fitted], G[fitted])
+    Z = c * W_Q @ W_K.T
+    S0 = X @ Z @ X.mT
+    M_batch = (X.mT @ G @ X).sum(0)
+    problems = []
+    for from_sums in (False, True):
+        ctx = strategies.StepContext(X=X, G=G, mask=None, loss=loss, Z=Z, S0=S0, loss0=float(loss(S0)), scale=c,
+                                     new_scale=c, heldout_samples=growth.HELD_OUT_HALF if held_out else None)
+        if from_sums:
+            ctx.M_batch = M_batch
+            ctx.M_heldout = (X[1::2].mT @ G[1::2] @ X[1::2]).sum(0) if held_out else None
+        problems.append(strategies.build_search_problem(s, stats, ctx, rank=4, penalise=False))
+    formed, summed = problems
+    assert not callable(formed.D_hat) and callable(summed.D_hat)  # the sums' problem has not formed X P̂ Xᵀ
+    assert rel_err(summed.P_hat, formed.P_hat) < 1e-12
+    assert summed.slope0 == pytest.approx(formed.slope0, rel=1e-12)
+    assert summed.lam_unit == formed.lam_unit
+    assert rel_err(summed.direction_scores(), formed.direction_scores()) < 1e-12
+    assert summed.D_hat.shape == (4 if held_out else 8, 16, 16)
+
+
+@pytest.mark.parametrize("spec", ["gram/ridge/full+metric/normal+holdout+shrink:bracket",
+                                  "gram/ridge/full+metric/normal+shrink:bracket"])
+def test_a_growth_from_the_sums_takes_the_formed_score_changes_step(spec, monkeypatch):
+    # End to end: the growth uses the Gram traces where they pay, and steps as it does with the formed score change.
+    X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=11, b=12)
+    made = []
+    monkeypatch.setattr(growth, "SampleGrams", lambda X: made.append(X) or SampleGrams(X))
+    grow = strategies.make(spec).grow
+    summed = grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
+    assert len(made) == 1  # one set of Gram matrices for the searched direction and the refit
+    monkeypatch.setattr(growth, "grams_pay", lambda X, mask: False)
+    formed = grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
+    assert len(made) == 1 and summed.lam > 0
+    assert summed.lam == pytest.approx(formed.lam, rel=1e-9)
+    assert rel_err(summed.dZ, formed.dZ) < 1e-8
+    assert summed.loss_after == pytest.approx(formed.loss_after, rel=1e-12)
