@@ -336,6 +336,8 @@ class Strategy(ABC):
                                    keep_attention=self.holds_out)
         ctx.profile, ctx.inputs = profile, (X, G, mask)
         stats = self._stats(ctx, stats)
+        if ctx.heldout_samples is None:  # no search will move part of the batch: the output at S0 is not needed
+            ctx.attention0 = None
         ctx.log[:0] = stats.log
         # Statistics made here were timed as they were made: the growth's own, and the part +holdout split off.
         made_here = (stats if ctx.refit_stats is None else ctx.refit_stats).elapsed if own_stats else 0.0
