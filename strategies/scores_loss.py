@@ -61,6 +61,10 @@ class CountedLoss:
     def _cast(self, S: Tensor) -> bool:
         return self.dtype is not None and S.dtype != self.dtype
 
+    def _in(self, S: Tensor) -> Tensor:
+        """The scores as ``fn`` receives them: in ``dtype`` where one is set."""
+        return S.to(self.dtype) if self._cast(S) else S
+
     def _checked(self, value: object, S: Tensor) -> Tensor:
         """``fn``'s value checked, as a 0-dim tensor (widened back to the scores' dtype where they were cast)."""
         if not torch.is_tensor(value) or value.numel() != 1:
@@ -74,14 +78,14 @@ class CountedLoss:
     def __call__(self, S: Tensor) -> Tensor:
         self.calls += 1
         with section("loss calls"):
-            value = self.fn(S.to(self.dtype) if self._cast(S) else S)
+            value = self.fn(self._in(S))
         return self._checked(value, S)
 
     def attention(self, S: Tensor) -> tuple[Tensor, Tensor]:
         """``(the loss at S, the head's output on every sample)``: one call, through ``fn``'s split."""
         self.calls += 1
         with section("loss calls"):
-            out = self.fn.attend(S.to(self.dtype) if self._cast(S) else S, slice(None))
+            out = self.fn.attend(self._in(S), slice(None))
             value = self.fn.from_attention(out)
         return self._checked(value, S), out
 
@@ -91,6 +95,6 @@ class CountedLoss:
         self.calls += 1
         with section("loss calls"):
             whole = out.clone()
-            whole[samples] = self.fn.attend(S.to(self.dtype) if self._cast(S) else S, samples)  # differentiable in S
+            whole[samples] = self.fn.attend(self._in(S), samples)  # differentiable in S
             value = self.fn.from_attention(whole)
         return self._checked(value, S)

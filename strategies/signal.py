@@ -22,7 +22,7 @@ directions), so no extreme ``G`` overflows or underflows a product. The metric's
 whitening's condition number (``Metric``): at most about ``1/sqrt(rtol)``, some 30 at d_e = 1024.
 
 This module imports nothing of the package but :mod:`strategies.truncation` (the metric, and the truncations'
-own subspaces) and :func:`strategies._checks.pow2_scale`.
+own subspaces) and :mod:`strategies._checks` (``abs_max``, ``pow2_scale``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._checks import pow2_scale
+from ._checks import abs_max, pow2_scale
 from .truncation import FullSVD, Metric, RandomizedSVD
 
 #: Widths above which the top singular subspace comes from a randomised sketch instead of a full SVD.
@@ -90,5 +90,5 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
 def _in_range(halves: tuple[Tensor, Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Both halves divided by one power of two near their largest entry (exact), then in ``dtype``."""
     a, b = halves
-    scale = pow2_scale(torch.stack([a.abs().amax(), b.abs().amax().to(a)]))
+    scale = pow2_scale(torch.stack([abs_max(a), abs_max(b).to(a)]))
     return (a / scale).to(dtype), (b / scale.to(b)).to(dtype)
