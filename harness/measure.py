@@ -108,7 +108,7 @@ def loss_along_lambda(prob: strategies.SearchProblem | None, lam_max: float, n: 
 
 def truncated_path(prob: strategies.SearchProblem, lam: float) -> torch.Tensor:
     """Scores of the truncated step ``X T_r(Z − λP̂) Xᵀ``, ``(b, d_s, d_s)``."""
-    return strategies.truncated_scores(prob.X, *prob.truncate(prob.Z - lam * prob.P_hat))
+    return strategies.truncated_scores(prob.X, *prob.step_factors(lam))
 
 
 #: Points and span (in RMS logits per entry) of the dense scan behind path efficiency.
@@ -380,7 +380,7 @@ def _along_the_path(strategy: strategies.GrowthStrategy, site: GrowthSite, r: st
     extra["scan_lam"] = found["scan_lam"]
     if found["scan_lam"] > 0:
         with torch.no_grad():
-            U, s, V = prob.truncate(prob.Z - found["scan_lam"] * prob.P_hat)
+            U, s, V = prob.step_factors(found["scan_lam"])
             root = s.clamp_min(0).sqrt() / math.sqrt(site.new_scale)
         scan["heldout_decrease_at_scan_best"] = heldout.decrease(_grown(model, U * root, V * root))[1]
     if r.spec == strategies.canonical("formula2"):

@@ -6,6 +6,8 @@ fails with a message naming the problem instead of producing NaN weights.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -16,17 +18,45 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def check_finite(name: str, t: Tensor) -> None:
     """Raise ``ValueError`` if ``t`` is not a real floating-point tensor with data, or holds NaN or Inf."""
+    check_float_tensor(name, t)
+    # One reduction instead of an element-wise mask: any NaN/Inf makes the sum non-finite.
+    # Only then are entries counted, so a finite tensor whose sum overflows still passes.
+    if not bool(torch.isfinite(t.sum())):
+        _refuse_non_finite(name, t)
+
+
+def check_float_tensor(name: str, t: Tensor) -> None:
+    """Raise ``ValueError`` if ``t`` is not a real floating-point tensor with data (its values unread)."""
     if not torch.is_tensor(t):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be a float16, bfloat16, float32 or float64 tensor, got dtype {t.dtype}")
     check_device(name, t)
-    # One reduction instead of an element-wise mask: any NaN/Inf makes the sum non-finite.
-    # Only then are entries counted, so a finite tensor whose sum overflows still passes.
-    if not bool(torch.isfinite(t.sum())):
-        n_bad = int((~torch.isfinite(t)).sum())
-        if n_bad:
-            raise ValueError(f"{name} contains {n_bad} NaN/Inf entries")
+
+
+def finite_magnitudes(named: dict[str, Tensor]) -> list[float]:
+    """``max|t|`` of each tensor, in one host transfer, after refusing any that holds NaN or Inf.
+
+    :func:`check_finite` and :func:`abs_max` in one pass over each tensor: ``max|t|`` is finite exactly when
+    every entry is (it propagates NaN).
+
+    Parameters
+    ----------
+    named : dict of str to Tensor
+        Non-empty floating tensors (already checked by :func:`check_float_tensor`), by the name an error gives.
+    """
+    magnitudes = torch.stack([abs_max(t.detach()) for t in named.values()]).tolist()
+    for (name, t), m in zip(named.items(), magnitudes, strict=True):
+        if not math.isfinite(m):
+            _refuse_non_finite(name, t)
+    return magnitudes
+
+
+def _refuse_non_finite(name: str, t: Tensor) -> None:
+    """Raise the ``ValueError`` that counts ``t``'s NaN/Inf entries (none where a sum merely overflowed)."""
+    n_bad = int((~torch.isfinite(t)).sum())
+    if n_bad:
+        raise ValueError(f"{name} contains {n_bad} NaN/Inf entries")
 
 
 def check_device(name: str, t: Tensor) -> None:
@@ -37,16 +67,20 @@ def check_device(name: str, t: Tensor) -> None:
         raise ValueError(f"{name} must be a dense tensor, got layout {t.layout}")
 
 
-def check_batch(X: Tensor, G: Tensor, mask: Tensor | None = None) -> Tensor | None:
+def check_batch(X: Tensor, G: Tensor, mask: Tensor | None = None, values: bool = True) -> Tensor | None:
     """Validate a batch ``X (b, d_s, d_e)``, ``G (b, d_s, d_s)`` and an optional mask.
+
+    ``values=False`` leaves the NaN/Inf check of ``X`` and ``G`` to the caller (a growth makes it with their
+    magnitudes, :func:`finite_magnitudes`).
 
     Returns
     -------
     mask : Tensor or None
         The mask as a bool tensor broadcastable to ``(b, d_s, d_s)``.
     """
-    check_finite("X", X)
-    check_finite("G", G)
+    check = check_finite if values else check_float_tensor
+    check("X", X)
+    check("G", G)
     if X.dim() != 3:
         raise ValueError(f"X must have shape (b, d_s, d_e), got {tuple(X.shape)}")
     b, d_s, _ = X.shape

@@ -41,7 +41,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from ._checks import abs_max, check_batch, check_factors, check_scale, pow2_scale, range_dtype
+from ._checks import check_batch, check_factors, check_scale, finite_magnitudes, pow2_scale, range_dtype
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem, factor_scores, truncated_scores
 from .result import GrowthResult
@@ -324,7 +324,7 @@ class Strategy(ABC):
         """:meth:`grow` inside its profile: the result (``timings`` without ``total``, ``statistics`` without the
         caller's) and the caller's statistics (None when the growth made its own)."""
         with section("inputs"):
-            mask = check_batch(X, G, mask)
+            mask = check_batch(X, G, mask, values=False)  # NaN/Inf: start_step, with the magnitudes
             check_factors(W_Q, W_K, X.shape[-1], p)
             for name, W in (("W_Q", W_Q), ("W_K", W_K)):
                 if W.dtype != X.dtype or W.device != X.device:
@@ -368,7 +368,7 @@ class Strategy(ABC):
                                      f"{math.sqrt(ctx.scale / ctx.new_scale):.3g} do not fit {out_dtype}")
             result = finish_step(ctx, W_Q2, W_K2, lam, out_dtype, self.spec)
         # Every loss call hands its value to the host (the search decides on it), as do the reads counted on the way.
-        _host_reads(ctx, 4 + ctx.loss.calls)  # + the finiteness checks of X, G, W_Q and W_K
+        _host_reads(ctx, 2 + ctx.loss.calls)  # + the finiteness checks of W_Q and W_K (X's and G's: the magnitudes)
         return result, (None if own_stats else caller_stats)
 
 
@@ -410,8 +410,9 @@ def start_step(
     new_scale = check_scale("new_scale", scale if new_scale is None else new_scale)
     out_dtype = X.dtype
     with section("inputs"):
-        # One host transfer for both magnitudes: X's picks the compute dtype, G's its rescaling.
-        x_max, g_max = torch.stack([abs_max(X.detach()), abs_max(G.detach())]).tolist()
+        # One pass over each and one host transfer: the NaN/Inf check and both magnitudes (X's picks the compute
+        # dtype, G's its rescaling).
+        x_max, g_max = finite_magnitudes({"X": X, "G": G})
         cdt = range_dtype(X, x_max)
         # The loss sees scores in the caller's dtype whatever the compute dtype: a half-precision
         # model's rest (values, projections) cannot take float32 scores.
@@ -617,7 +618,9 @@ class GrowthStrategy(Strategy):
         self.holds_out = line_search.holdout
 
     def new_statistics(self) -> Statistics:
-        return self.averaging.new_statistics()
+        stats = self.averaging.new_statistics()
+        stats.keep_even_rows = self.holds_out  # the one-batch split reads them again (Statistics.even_half)
+        return stats
 
     def _stats(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
         if not self.holds_out:
@@ -872,7 +875,7 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
         loss=loss, X=X_moved, Z=ctx.Z, P_hat=P_hat, S0=S0,
         D_hat=D_moved.div_(norm) if D_moved is not None else lambda: _masked(X_moved @ P_hat @ X_moved.mT, mask_moved),
         loss0=ctx.loss0, truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope + penalty,
-        timings=ctx.timings, penalty=penalty,
+        timings=ctx.timings, penalty=penalty, along=strategy.truncation.along(ctx.Z, P_hat, rank, metric),
     )
 
 

@@ -31,7 +31,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -96,6 +96,10 @@ class SearchProblem:
         Where the finishing step adds its ``truncation`` and ``line_search`` seconds.
     penalty : float
         ``κ ≥ 0``: the searches minimise ``φ(λ) + κλ`` (``+shrink``); 0 otherwise.
+    along : callable, optional
+        ``λ -> T_r(Z − λP̂)`` as ``(U, s, V)``, cheaper than ``truncate`` on each step where the truncation can
+        prepare the path once (:meth:`strategies.truncation.Truncation.along`). Read it through
+        :meth:`step_factors`.
     """
 
     loss: Callable[[Tensor], Tensor]
@@ -110,12 +114,24 @@ class SearchProblem:
     slope0: float = math.nan
     timings: dict[str, float] | None = None
     penalty: float = 0.0
+    along: Callable[[Tensor | float], tuple[Tensor, Tensor, Tensor]] | None = None
+    _steps: dict[float, tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict, init=False, repr=False)
 
     def direction_scores(self) -> Tensor:
         """``D̂ = X P̂ Xᵀ``, ``(b, d_s, d_s)``, formed on the first call where the problem holds how to form it."""
         if callable(self.D_hat):
             self.D_hat = self.D_hat()
         return self.D_hat
+
+    def step_factors(self, lam: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
+        """``T_r(Z − λP̂)`` as ``(U, s, V)``. A float λ's factors are kept: the search's finishing step truncates
+        at one of its trials again, and finds them (the same factors, without a second SVD)."""
+        if not isinstance(lam, float):
+            return self.along(lam) if self.along is not None else self.truncate(self.Z - lam * self.P_hat)
+        if lam not in self._steps:
+            self._steps[lam] = (self.along(lam) if self.along is not None
+                                else self.truncate(self.Z - lam * self.P_hat))
+        return self._steps[lam]
 
 
 class LineSearch(ABC):
@@ -266,7 +282,7 @@ class LineSearch(ABC):
                info: dict) -> tuple[Tensor, Tensor, Tensor, float, float | None]:
         """The truncated step at the chosen λ: ``(U, s, V, λ, loss after or None if not evaluated)``."""
         with _timed(prob, "truncation"), torch.no_grad():
-            U, s, V = prob.truncate(prob.Z - lam * prob.P_hat)
+            U, s, V = prob.step_factors(lam)
         return U, s, V, lam, (loss_at if lam > 0 else None)
 
     def _bracket(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
@@ -560,7 +576,7 @@ class NormalSearch(LineSearch):
     loss_is_final = True
 
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
-        return truncated_scores(prob.X, *prob.truncate(prob.Z - lam * prob.P_hat))
+        return truncated_scores(prob.X, *prob.step_factors(lam))
 
 
 @register("line_search")
@@ -597,7 +613,7 @@ class FastSearch(LineSearch):
             halvings += 1
             lam /= 2
             with _timed(prob, "truncation"), torch.no_grad():
-                U, s, V = prob.truncate(prob.Z - lam * prob.P_hat)
+                U, s, V = prob.step_factors(lam)
         info["truncated_backtracks"] = halvings
         return U, s, V, lam, v
 

@@ -84,9 +84,14 @@ class Statistics:
         magnitude, which fixes the dtype, and whatever a subclass's products read.
     log : list of str
         Fallbacks that happened while accumulating.
+    keep_even_rows : bool
+        Keep, while the statistics hold one batch, the rows of ``X`` and ``G X`` of its samples of even index
+        (about ``X``'s size), so that :meth:`even_half` needs no product with ``G`` again. A ``+holdout``
+        strategy's :meth:`~strategies.growth.GrowthStrategy.new_statistics` sets it; default False.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_even_rows: bool = False) -> None:
+        self.keep_even_rows = keep_even_rows
         self.n = 0
         self.tokens = 0
         self.sum_A: Tensor | None = None
@@ -103,6 +108,10 @@ class Statistics:
         self._last: dict[str, Tensor] = {}
         #: The last batch's ``(X, G, mask)`` as passed, by identity (:func:`_identity`), for :meth:`is_last`.
         self._last_inputs: tuple | None = None
+        #: With ``keep_even_rows``, while the statistics hold one batch: the rows of ``X`` and of ``G X`` of its
+        #: samples of even index, ``(b_even·d_s, d_e)`` each, as ``Σ M_even`` took them, for :meth:`even_half`
+        #: (about X's size; dropped at the second batch).
+        self._even_rows: tuple[Tensor, Tensor] | None = None
 
     def update(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> Statistics:
         """Accumulate one batch.
@@ -162,7 +171,8 @@ class Statistics:
             # The samples of even index, counted from the first sample seen: every other one from the first or the
             # second. A slice, not a boolean index (the same numbers, without building and searching a mask).
             first = self.n % 2
-            M_even = X[first::2].reshape(-1, d_e).mT @ GX[first::2].reshape(-1, d_e)
+            even_rows = (X[first::2].reshape(-1, d_e), GX[first::2].reshape(-1, d_e))
+            M_even = even_rows[0].mT @ even_rows[1]
             last, self._last = self._last, {}
             try:  # first: a batch the subclass refuses (another d_s, a failed factorisation) leaves every sum as it was
                 self._accumulate(X, G, GX, mask)
@@ -173,6 +183,7 @@ class Statistics:
                 self._add_to(name, value)
             self._fingerprints.append((tuple(X.shape), _fingerprint(X) if fingerprint else None))
             self._last_inputs = inputs
+            self._even_rows = even_rows if self.keep_even_rows and self.n_batches == 1 else None
             self.n += X.shape[0]
             self.tokens += X.shape[0] * X.shape[1]
         self.elapsed = self._timings["update"]
@@ -200,20 +211,25 @@ class Statistics:
 
         Their ``Σ M_b`` is this one's ``sum_M_even`` already; only ``Σ A_b`` over them and their own split (the
         samples of index ``0 mod 4``) are computed: about half the work of accumulating them afresh, with every
-        sum the same products of the same numbers.
+        sum the same products of the same numbers. Where the statistics still hold the rows of ``X`` and ``G X``
+        their ``Σ M_even`` took, those serve (no copy of the half and no product with ``G`` again).
         """
         if type(self) is not Statistics or self.n_batches != 1 or self.n != X.shape[0] or X.shape[0] < 2:
             return None
         dtype, device = self.sum_A.dtype, self.sum_A.device
         half = Statistics()
         with timed(half._timings, "update", device), torch.no_grad():
-            X, G = X.to(device=device, dtype=dtype), G[0::4].to(device=device, dtype=dtype)
-            if mask is not None:
-                G = G.masked_fill(~(mask if mask.dim() == 2 else mask[0::4]).to(device), 0.0)
-            d_e = X.shape[-1]
-            even, quarter = X[0::2].reshape(-1, d_e), X[0::4]
-            sums = (("sum_A", even.mT @ even), ("sum_M", self.sum_M_even),
-                    ("sum_M_even", quarter.reshape(-1, d_e).mT @ (G @ quarter).reshape(-1, d_e)))
+            d_s, d_e = X.shape[1:]
+            if self._even_rows is not None:
+                even = self._even_rows[0]
+                quarter, GX_quarter = (rows.view(-1, d_s, d_e)[0::2].reshape(-1, d_e) for rows in self._even_rows)
+            else:
+                X, G = X.to(device=device, dtype=dtype), G[0::4].to(device=device, dtype=dtype)
+                if mask is not None:
+                    G = G.masked_fill(~(mask if mask.dim() == 2 else mask[0::4]).to(device), 0.0)
+                even, quarter = X[0::2].reshape(-1, d_e), X[0::4]
+                GX_quarter, quarter = (G @ quarter).reshape(-1, d_e), quarter.reshape(-1, d_e)
+            sums = (("sum_A", even.mT @ even), ("sum_M", self.sum_M_even), ("sum_M_even", quarter.mT @ GX_quarter))
             for name, value in sums:
                 half._add_to(name, value)
             half._fingerprints.append(((X[0::2].shape[0], *X.shape[1:]), None))
@@ -246,6 +262,7 @@ class Statistics:
         are not the unpickled copy's): such statistics find their last batch by fingerprint."""
         state = self.__dict__.copy()
         state["_last_inputs"] = None
+        state["_even_rows"] = None  # a copy of the batch's size: even_half recomputes it where ever asked
         return state
 
     def is_last(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -132,8 +133,49 @@ class Truncation(ABC):
         with section("truncation"):
             if metric is None:
                 return self._svd(Y, rank)
-            U, s, V = self._svd(metric.whiten(Y), rank)
-            return metric.unwhiten(U), s, metric.unwhiten(V)
+            return self._unwhitened(self._svd(metric.whiten(Y), rank), metric)
+
+    def along(self, Z: Tensor, P_hat: Tensor, rank: int,
+              metric: Metric | None = None) -> Callable[[Tensor | float], tuple[Tensor, Tensor, Tensor]]:
+        """``λ ↦ T_rank(Z − λ P̂)`` (in the metric where one is given), for the trials of one line search.
+
+        The metric's whitening ``Lᵀ Y L`` is linear in ``Y``: ``Z`` and ``P̂`` are whitened once, and each trial
+        whitens by one ``axpy`` instead of two ``(d_e, d_e)`` products (at ``d_e = 1024`` those were 60 % of a
+        trial's truncation). The same ``T_rank`` up to the rounding of the whitening.
+
+        Parameters
+        ----------
+        Z, P_hat : Tensor
+            ``(d_e, d_e)``: the current product and the step's direction.
+        rank : int
+            Rank kept.
+        metric : Metric, optional
+            The inputs' metric (``+metric``).
+
+        Returns
+        -------
+        callable
+            ``λ`` (a float, or a 0-dim tensor to differentiate through) ``-> (U, s, V)``.
+        """
+        if metric is None:
+            return lambda lam: self(Z - lam * P_hat, rank)
+        whitened: list[Tensor] = []
+
+        def truncate(lam: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
+            with section("truncation"):
+                if not whitened:  # on the first trial: a search that makes none pays nothing
+                    whitened.extend((metric.whiten(Z), metric.whiten(P_hat)))
+                Z_w, P_w = whitened
+                Y = torch.add(Z_w, P_w, alpha=-lam) if isinstance(lam, float) else Z_w - lam * P_w
+                return self._unwhitened(self._svd(Y, rank), metric)
+
+        return truncate
+
+    @staticmethod
+    def _unwhitened(factors: tuple[Tensor, Tensor, Tensor], metric: Metric) -> tuple[Tensor, Tensor, Tensor]:
+        """Whitened factors ``(U, s, V)`` back to the original basis."""
+        U, s, V = factors
+        return metric.unwhiten(U), s, metric.unwhiten(V)
 
 
 @register("truncation")

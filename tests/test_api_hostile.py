@@ -212,7 +212,10 @@ def test_extreme_G_is_rescaled_not_reported_as_unreachable(spec, factor):
     assert r.lam > 0 and (r.loss_after < r.loss_before or holds_out(spec))
     assert r.lam == pytest.approx(ref.lam, rel=1e-3)
     assert rel_err(r.dZ, ref.dZ) < 1e-3
-    assert r.loss_after == pytest.approx(ref.loss_after * factor, rel=1e-5)
+    # The step's loss on this four-sample float32 problem moves by about 1e-5 under rounding-level changes of the
+    # direction: G × 1e-30 sat at 9.4e-6 with the whitening per trial, and at 1.4e-5 (G × 1e25) with it once per
+    # search; a rescaling bug moves it by orders of magnitude.
+    assert r.loss_after == pytest.approx(ref.loss_after * factor, rel=5e-5)
     assert r.first_order_decrease == pytest.approx(ref.first_order_decrease * factor, rel=1e-3)
     g_scale = r.info["g_scale"]
     assert math.log2(g_scale).is_integer()  # a power of two: the rescaling is exact

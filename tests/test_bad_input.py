@@ -206,3 +206,18 @@ def test_finite_check_passes_a_finite_tensor_whose_sum_overflows() -> None:
     big[2] = float("nan")
     with pytest.raises(ValueError, match="X contains 1 NaN/Inf"):
         check_finite("X", big)
+
+
+def test_finite_magnitudes_are_max_abs_and_refuse_nan_and_inf_by_name():
+    """One pass for the NaN/Inf check and ``max|t|`` (a growth's inputs): against ``t.abs().max()``, and the
+    refusal names the tensor and counts its bad entries."""
+    from growbench.strategies._checks import finite_magnitudes
+
+    X = torch.randn(3, 4, 5, dtype=torch.float64)
+    G = -7 * torch.rand(3, 4, 4, dtype=torch.float64)
+    assert finite_magnitudes({"X": X, "G": G}) == [float(X.abs().max()), float(G.abs().max())]
+    for bad in (math.nan, math.inf, -math.inf):
+        G_bad = G.clone()
+        G_bad[1, 2, 3] = G_bad[2, 0, 0] = bad
+        with pytest.raises(ValueError, match="^G contains 2 NaN/Inf entries$"):
+            finite_magnitudes({"X": X, "G": G_bad})

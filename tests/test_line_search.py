@@ -351,3 +351,22 @@ def test_bracket_options_are_checked():
         strategies.line_search.FastSearch("bracket", gain_tol=-0.1)
     with pytest.raises(ValueError, match="trust_tol"):
         strategies.line_search.FastSearch("bracket", trust_tol=1.5)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_finishing_step_reuses_the_searched_trials_truncation(seed):
+    """A normal-path growth takes one SVD per trial: the finishing step at the chosen λ, one of the trials, finds
+    that trial's factors instead of a second SVD; and its step is the truncation of ``Z − λP̂`` formed afresh."""
+    X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(seed, d_k=2, d_e=6)
+    s = strategies.make("gram/solve/full+metric/normal:bracket")
+    svds = []
+    svd = s.truncation._svd
+    s.truncation._svd = lambda Y, rank: svds.append(Y) or svd(Y, rank)
+    r = s.grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
+    assert r.lam > 0 and len(svds) == r.info["bracket_trials"], (len(svds), r.info)
+    stats = s.new_statistics().update(X, G)
+    ctx, _, _ = strategies.growth.start_step(W_Q, W_K, X, G, loss, c, None, None)
+    prob = strategies.build_search_problem(s, stats, ctx, rank=4)
+    fresh = s.truncation(prob.Z - r.lam * prob.P_hat, 4, strategies.Metric(stats.mean_A))
+    step = (fresh[0] * fresh[1]) @ fresh[2].T
+    assert torch.allclose(r.dZ, step - prob.Z, rtol=0, atol=1e-9 * float(prob.Z.abs().max()))

@@ -122,3 +122,33 @@ def test_rsvd_same_seed_same_result_and_global_rng_untouched():
     # Another seed sketches differently: approximate results differ, so the seed is really used.
     c = RSVD(oversample=2, n_iter=1, seed=6)(Y, 3)
     assert not torch.equal(product(*a), product(*c))
+
+
+@pytest.mark.parametrize("metric", [False, True])
+@pytest.mark.parametrize("kind", ["full", "rsvd"])
+def test_truncation_along_a_path_is_the_truncation_of_each_step(kind, metric):
+    """``along(Z, P̂)(λ) = T_r(Z − λP̂)`` at every λ (the metric's whitening done once for the path, not per
+    step), differentiable in a tensor λ like the per-step route, and whitening twice however many steps."""
+    d, rank = 9, 3
+    Z, P = low_rank(d, 2, seed=11), torch.randn(d, d, generator=gen(12), dtype=DT)
+    m = strategies.Metric(covariance(d, 1e3, seed=13)) if metric else None
+    trunc = FULL(metric=metric) if kind == "full" else RSVD(metric=metric, oversample=d)
+    whitened = []
+    if m is not None:
+        whiten = m.whiten
+        m.whiten = lambda Y: whitened.append(Y) or whiten(Y)
+    path = trunc.along(Z, P, rank, m)
+    for lam in (0.0, 0.03, 0.4, 2.5):
+        assert rel_err(product(*path(lam)), product(*trunc(Z - lam * P, rank, m))) < 1e-10, lam
+    assert len(whitened) == (4 + 2 if metric else 0)  # two for the path, one per per-step call
+
+    def loss_along(route, t):
+        return (product(*route(t)) ** 2).sum()
+
+    t = torch.tensor(0.4, dtype=DT, requires_grad=True)
+    (g_path,) = torch.autograd.grad(loss_along(path, t), t)
+    (g_step,) = torch.autograd.grad(loss_along(lambda lam: trunc(Z - lam * P, rank, m), t), t)
+    h = 1e-6
+    central = (float(loss_along(path, 0.4 + h)) - float(loss_along(path, 0.4 - h))) / (2 * h)
+    assert float(g_path) == pytest.approx(float(g_step), rel=1e-8)
+    assert float(g_path) == pytest.approx(central, rel=1e-5)

@@ -9,6 +9,7 @@ signal share, and the line search's known optimum on a quadratic path.
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -444,3 +445,20 @@ def test_damping_out_of_range_is_refused(damping):
 def test_damping_without_damp_is_refused():
     with pytest.raises(ValueError, match=r"\+damp"):
         strategies.make("gram/solve/full/normal:bracket", line_search={"damping": 0.5})
+
+
+def test_the_even_half_from_the_kept_rows_equals_the_one_made_afresh():
+    """One-batch statistics keep the even samples' rows of X and G X their ``Σ M_even`` took, and the even half
+    made from them is bit for bit the one made from the batch; the rows go with a second batch and a pickle."""
+    (X, G), = batches(n=1, b=9)
+    mask = causal(X.shape[1])
+    assert Statistics().update(X, G, mask)._even_rows is None  # kept for +holdout strategies only
+    assert strategies.make("default").new_statistics().keep_even_rows
+    stats = Statistics(keep_even_rows=True).update(X, G, mask)
+    assert stats._even_rows is not None
+    kept = stats.even_half(X, G, mask)
+    unpickled = pickle.loads(pickle.dumps(stats))
+    assert unpickled._even_rows is None
+    afresh = unpickled.even_half(X, G, mask)
+    assert all(torch.equal(getattr(kept, n), getattr(afresh, n)) for n in ("sum_A", "sum_M", "sum_M_even"))
+    assert stats.update(X, G, mask)._even_rows is None
