@@ -126,12 +126,13 @@ class SearchProblem:
     def step_factors(self, lam: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
         """``T_r(Z − λP̂)`` as ``(U, s, V)``. A float λ's factors are kept: the search's finishing step truncates
         at one of its trials again, and finds them (the same factors, without a second SVD)."""
-        if not isinstance(lam, float):
-            return self.along(lam) if self.along is not None else self.truncate(self.Z - lam * self.P_hat)
-        if lam not in self._steps:
-            self._steps[lam] = (self.along(lam) if self.along is not None
-                                else self.truncate(self.Z - lam * self.P_hat))
-        return self._steps[lam]
+        kept = isinstance(lam, float)  # a tensor λ is differentiated through: its factors are not reused
+        if kept and lam in self._steps:
+            return self._steps[lam]
+        factors = self.along(lam) if self.along is not None else self.truncate(self.Z - lam * self.P_hat)
+        if kept:
+            self._steps[lam] = factors
+        return factors
 
 
 class LineSearch(ABC):
