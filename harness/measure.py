@@ -208,12 +208,20 @@ class GrowthSite:
         X, G, mask = self.batches[-1]
         return X, G[0], mask
 
-    def grow(self, strategy: strategies.Strategy, p: int) -> strategies.GrowthResult:
-        """One growth by ``p`` columns, its statistics accumulated (and timed) afresh."""
+    def grow(self, strategy: strategies.Strategy, p: int, scores: torch.Tensor | None = None
+             ) -> strategies.GrowthResult:
+        """One growth by ``p`` columns, its statistics accumulated (and timed) afresh; ``scores`` are the current
+        ones (:meth:`scores_now`) where the caller has them, as a training step's forward pass would."""
         stats = statistics_over(strategy, self.batches)
         X, G, mask = self.last
         return strategy.grow(self.W_Q, self.W_K, X, G, p=p, loss_of_scores=self.loss_of_scores, scale=self.scale,
-                             new_scale=self.new_scale, mask=mask, stats=stats)
+                             new_scale=self.new_scale, mask=mask, stats=stats, scores=scores)
+
+    def scores_now(self) -> torch.Tensor:
+        """Head 0's scores ``(b, d_s, d_s)`` on the last batch at its factors now, as a growth forms them."""
+        X, _, _ = self.last
+        with torch.no_grad():
+            return strategies.current_scores(X, self.W_Q, self.W_K, self.scale)
 
     def floor(self, S_now: torch.Tensor, device: str) -> tuple[float, float]:
         """Seconds of the plain statistics over the batches and of one loss call at the current scores ``S_now``.
@@ -269,15 +277,15 @@ def _timed_growths(strategy: strategies.Strategy, site: GrowthSite,
 
     Returns the last growth, every repeat's time per phase, and the timing columns (medians).
     """
-    X, _, _ = site.last
-    with torch.no_grad():
-        S_now = site.scale * (X @ site.W_Q) @ (X @ site.W_K).mT
+    # The floor's loss call and every growth take the current scores as given: the forward pass that gave G made
+    # them (in a user's training step as here), so forming them is no growth's work.
+    S_now = site.scores_now()
     with peak_memory(cfg.device) as mem:
-        r = site.grow(strategy, cfg.p)
+        r = site.grow(strategy, cfg.p, scores=S_now)
     times = {ph: [] for ph in PHASES}
     floors, loss_evals = [], []
     for _ in range(cfg.repeats):
-        r = site.grow(strategy, cfg.p)
+        r = site.grow(strategy, cfg.p, scores=S_now)
         for ph in PHASES:
             times[ph].append(r.timings.get(ph, 0.0))
         f_stats, f_loss = site.floor(S_now, cfg.device)

@@ -172,7 +172,7 @@ class GrowsHeads:
             Head to grow; needs a captured forward and backward.
         strategy : object
             Has ``grow(W_Q, W_K, Xa, G, *, p, loss_of_scores, scale, new_scale,
-            mask, stats)`` returning an object with ``W_Q``, ``W_K`` of shape
+            mask, stats, scores)`` returning an object with ``W_Q``, ``W_K`` of shape
             (d_in, d_k + p).
         p : int
             Number of query/key columns to add.
@@ -189,8 +189,10 @@ class GrowsHeads:
         """
         cap = self.captured(head)
         W_Q, W_K = self.factors(head)
+        # The captured scores too: the forward made them, and a growth need not form them again.
         r = strategy.grow(W_Q, W_K, cap.Xa, cap.G, p=p, loss_of_scores=self.loss_of_scores(rest, head),
-                          scale=self.scale(head), new_scale=self.new_scale(head, p), mask=cap.mask, stats=stats)
+                          scale=self.scale(head), new_scale=self.new_scale(head, p), mask=cap.mask, stats=stats,
+                          scores=cap.S)
         d_new = self.d_k(head) + p
         if r.W_Q.shape[-1] != d_new or r.W_K.shape[-1] != d_new:
             raise ValueError(f"strategy returned d_k'={r.W_Q.shape[-1]}/{r.W_K.shape[-1]}, expected d_k + p = {d_new}")

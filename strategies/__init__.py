@@ -22,7 +22,7 @@ The mathematics is in ``docs/mathematics.md``.
 from . import averaging, baselines, inverse, line_search, metrics, truncation  # noqa: F401
 from .averaging import Averaging
 from .factory import DefaultStrategy, make
-from .growth import GrowthStrategy, StepContext, Strategy, build_search_problem
+from .growth import GrowthStrategy, StepContext, Strategy, build_search_problem, current_scores
 from .line_search import METHODS, LineSearch, SearchProblem, factor_scores, truncated_scores
 from .regimes import Regime
 from .registry import REGISTRY, register
@@ -52,6 +52,7 @@ __all__ = [
     "baseline_names",
     "build_search_problem",
     "canonical",
+    "current_scores",
     "default_choice",
     "default_spec",
     "factor_scores",

@@ -22,7 +22,7 @@ def check_finite(name: str, t: Tensor) -> None:
     # One reduction instead of an element-wise mask: any NaN/Inf makes the sum non-finite.
     # Only then are entries counted, so a finite tensor whose sum overflows still passes.
     if not bool(torch.isfinite(t.sum())):
-        _refuse_non_finite(name, t)
+        refuse_non_finite(name, t)
 
 
 def check_float_tensor(name: str, t: Tensor) -> None:
@@ -48,11 +48,11 @@ def finite_magnitudes(named: dict[str, Tensor]) -> list[float]:
     magnitudes = torch.stack([abs_max(t.detach()) for t in named.values()]).tolist()
     for (name, t), m in zip(named.items(), magnitudes, strict=True):
         if not math.isfinite(m):
-            _refuse_non_finite(name, t)
+            refuse_non_finite(name, t)
     return magnitudes
 
 
-def _refuse_non_finite(name: str, t: Tensor) -> None:
+def refuse_non_finite(name: str, t: Tensor) -> None:
     """Raise the ``ValueError`` that counts ``t``'s NaN/Inf entries (none where a sum merely overflowed)."""
     n_bad = int((~torch.isfinite(t)).sum())
     if n_bad:

@@ -41,7 +41,17 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from ._checks import check_batch, check_factors, check_scale, finite_magnitudes, pow2_scale, range_dtype
+from ._checks import (
+    abs_max,
+    check_batch,
+    check_factors,
+    check_float_tensor,
+    check_scale,
+    finite_magnitudes,
+    pow2_scale,
+    range_dtype,
+    refuse_non_finite,
+)
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem, factor_scores, truncated_scores
 from .result import GrowthResult
@@ -111,7 +121,8 @@ class StepContext:
     M_heldout : Tensor or None
         ``Σ X_bᵀ G_b X_b`` over ``heldout_samples``, where ``M_batch`` and the fitted half's statistics give it.
     grams : SampleGrams or None
-        The batch's per-sample Gram matrices, once a direction's ``‖X P Xᵀ‖`` was taken from them.
+        The batch's per-sample Gram matrices (those ``refit_stats`` kept, :attr:`Statistics.sample_grams`, where
+        they did), once a direction's ``‖X P Xᵀ‖`` was taken from them.
     attention0 : Tensor or None
         The head's output at ``S0`` on every sample, where the loss offers it and a search may move part of the
         batch (:class:`strategies.scores_loss.AttentionSplit`).
@@ -238,6 +249,7 @@ class Strategy(ABC):
         new_scale: float | None = None,
         mask: Tensor | None = None,
         stats: Statistics | None = None,
+        scores: Tensor | None = None,
     ) -> GrowthResult:
         """Grow ``d_k`` by ``p``.
 
@@ -275,6 +287,10 @@ class Strategy(ABC):
             and λ from those of odd index (recorded in ``info["holdout"]``). In the first and
             the last case the step then refits: it takes the direction of every sample at the
             λ so chosen (docs/mathematics.md §5.4).
+        scores : Tensor, optional
+            The head's current scores ``scale · (X W_Q)(X W_K)ᵀ``, ``(b, d_s, d_s)`` of ``X``'s dtype, before the
+            mask, where the caller has them (the forward pass whose backward gave ``G`` made them): they are then
+            not formed again. Checked against the factors on the first sample.
 
         Returns
         -------
@@ -306,7 +322,7 @@ class Strategy(ABC):
         profile = Profile(getattr(X, "device", None))
         with profile.active():
             result, caller_stats = self._grow(W_Q, W_K, X, G, p, loss_of_scores, scale, new_scale, mask, stats,
-                                               profile)
+                                               profile, scores)
         # Statistics the caller accumulated were timed when they were built: count them in (the caller's, not the
         # part a +holdout step split off them, whose time is inside this call's).
         outside = 0.0 if caller_stats is None else caller_stats.elapsed
@@ -319,8 +335,8 @@ class Strategy(ABC):
 
     def _grow(self, W_Q: Tensor, W_K: Tensor, X: Tensor, G: Tensor, p: int,
               loss_of_scores: Callable[[Tensor], Tensor], scale: float | None, new_scale: float | None,
-              mask: Tensor | None, stats: Statistics | None,
-              profile: Profile | None = None) -> tuple[GrowthResult, Statistics | None]:
+              mask: Tensor | None, stats: Statistics | None, profile: Profile | None = None,
+              scores: Tensor | None = None) -> tuple[GrowthResult, Statistics | None]:
         """:meth:`grow` inside its profile: the result (``timings`` without ``total``, ``statistics`` without the
         caller's) and the caller's statistics (None when the growth made its own)."""
         with section("inputs"):
@@ -333,7 +349,7 @@ class Strategy(ABC):
         caller_stats = stats
         own_stats = stats is None
         ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask,
-                                   keep_attention=self.holds_out)
+                                   keep_attention=self.holds_out, scores=scores)
         ctx.profile, ctx.inputs = profile, (X, G, mask)
         stats = self._stats(ctx, stats)
         if ctx.heldout_samples is None:  # no search will move part of the batch: the output at S0 is not needed
@@ -375,6 +391,7 @@ class Strategy(ABC):
 def start_step(
     W_Q: Tensor, W_K: Tensor, X: Tensor, G: Tensor, loss_of_scores: Callable[[Tensor], Tensor],
     scale: float | None, new_scale: float | None, mask: Tensor | None, keep_attention: bool = False,
+    scores: Tensor | None = None,
 ) -> tuple[StepContext, Tensor, Tensor]:
     """The step context of one growth: inputs in the compute dtype, ``G`` in range, current scores and loss.
 
@@ -393,6 +410,8 @@ def start_step(
     keep_attention : bool
         Keep the head's output at the current scores (``ctx.attention0``) where the loss offers it
         (:class:`strategies.scores_loss.AttentionSplit`): for a search that will move part of the batch.
+    scores : Tensor or None
+        The caller's current scores ``(b, d_s, d_s)`` (see ``grow``), or None to form them.
 
     Returns
     -------
@@ -403,7 +422,8 @@ def start_step(
     ------
     ValueError
         A scale that is not finite and positive, ``max|X|`` beyond float64's range, current scores
-        that overflow the inputs' dtype, or a loss that is not finite at the current scores.
+        that overflow the inputs' dtype, ``scores`` that are not those of the factors, or a loss that is not
+        finite at the current scores.
     """
     d_k = W_Q.shape[1]
     scale = check_scale("scale", 1.0 / math.sqrt(max(d_k, 1)) if scale is None else scale)
@@ -426,7 +446,7 @@ def start_step(
     with torch.no_grad():
         with section("current scores"):
             Z = scale * W_Q @ W_K.mT
-            S0 = factor_scores(X, scale * W_Q, W_K)
+            S0 = current_scores(X, W_Q, W_K, scale) if scores is None else _given_scores(scores, X, W_Q, W_K, scale)
         attention0 = None
         if keep_attention and loss.splits:
             loss0_t, attention0 = loss.attention(S0)
@@ -434,6 +454,8 @@ def start_step(
         else:
             loss0 = float(loss(S0))
     if not math.isfinite(loss0):
+        if scores is not None:
+            refuse_non_finite("scores", scores)
         s_max = float(S0.abs().amax())
         if not s_max <= torch.finfo(out_dtype).max:
             raise ValueError(f"X, W_Q, W_K: the current scores reach {s_max:.3g}, beyond {out_dtype}: rescale the "
@@ -441,10 +463,49 @@ def start_step(
         raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
     ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
                       g_scale=g_scale, x_max=x_max, attention0=attention0)
-    _host_reads(ctx, 1)  # the two magnitudes (the loss calls are counted at the end)
+    _host_reads(ctx, 1 if scores is None else 2)  # the magnitudes, the given scores' check (loss calls: at the end)
     if g_scale != 1.0:
         ctx.info["g_scale"] = g_scale
     return ctx, W_Q, W_K
+
+
+def current_scores(X: Tensor, W_Q: Tensor, W_K: Tensor, scale: float) -> Tensor:
+    """A head's scores ``scale · (X W_Q)(X W_K)ᵀ``, ``(b, d_s, d_s)``, as a growth forms them.
+
+    Parameters
+    ----------
+    X : Tensor
+        ``(b, d_s, d_e)``.
+    W_Q, W_K : Tensor
+        ``(d_e, d_k)`` each.
+    scale : float
+        ``c``.
+    """
+    return factor_scores(X, scale * W_Q, W_K)
+
+
+#: How far the caller's scores may lie from those the growth forms, relative to their largest entry: far above the
+#: rounding of another order of the same products, far below a mistaken tensor's (another head's, a transposed or
+#: softmaxed one).
+SCORES_RTOL = 1e-3
+
+
+def _given_scores(scores: Tensor, X: Tensor, W_Q: Tensor, W_K: Tensor, scale: float) -> Tensor:
+    """The caller's current scores in the compute dtype of ``X``, once their first sample matches the factors'."""
+    check_float_tensor("scores", scores)
+    if scores.shape != (X.shape[0], X.shape[1], X.shape[1]):
+        raise ValueError(f"scores must have shape (b, d_s, d_s) = {(X.shape[0], X.shape[1], X.shape[1])}, got "
+                         f"{tuple(scores.shape)}")
+    if scores.device != X.device:
+        raise ValueError(f"scores are on {scores.device} but X is on {X.device}")
+    S0 = scores.detach().to(X.dtype)
+    formed = current_scores(X[:1], W_Q, W_K, scale)
+    largest, gap = torch.stack([abs_max(formed), abs_max(S0[:1] - formed)]).tolist()  # one host read
+    tol = max(SCORES_RTOL, 64 * torch.finfo(scores.dtype).eps) * largest
+    if not gap <= tol:
+        raise ValueError(f"scores: the first sample's differ from scale · (X W_Q)(X W_K)ᵀ by {gap:.3g} (more than "
+                         f"{tol:.3g}): pass the head's scores before the mask and the softmax, at these factors")
+    return S0
 
 
 def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtype: torch.dtype,
@@ -619,7 +680,7 @@ class GrowthStrategy(Strategy):
 
     def new_statistics(self) -> Statistics:
         stats = self.averaging.new_statistics()
-        stats.keep_even_rows = self.holds_out  # the one-batch split reads them again (Statistics.even_half)
+        stats.keep_one_batch = self.holds_out  # the one-batch split and its score changes read them again
         return stats
 
     def _stats(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
@@ -945,7 +1006,11 @@ def _numbers_from_sums(ctx: StepContext, P: Tensor, finite_t: Tensor,
     if gradient is None or not grams_pay(ctx.X, ctx.mask):
         return None
     if ctx.grams is None:
-        ctx.grams = SampleGrams(ctx.X)
+        # Statistics of every sample hold the one batch λ is chosen on (+holdout's split), and may have kept its
+        # samples' Gram matrices.
+        kept = ctx.refit_stats.sample_grams if ctx.refit_stats is not None else None
+        ctx.grams = (SampleGrams(ctx.X) if kept is None
+                     else SampleGrams(grams=kept.to(dtype=ctx.X.dtype, device=ctx.X.device)))
     P = P / pow2_scale(P)
     numbers = _read(ctx, finite_t, ctx.grams.score_change_norm(P), -torch.sum(gradient * P), n_entries_t)
     finite, norm, slope, _ = numbers

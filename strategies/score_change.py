@@ -34,16 +34,23 @@ class SampleGrams:
 
     Parameters
     ----------
-    X : Tensor
-        ``(b, d_s, d_e)``.
+    X : Tensor, optional
+        The batch ``(b, d_s, d_e)``.
+    grams : Tensor, optional
+        Its samples' ``X_bᵀ X_b``, ``(b, d_e, d_e)``, where the caller has them already (the statistics of the
+        one batch, :attr:`strategies.statistics.Statistics.sample_grams`); left unchanged.
     """
 
-    def __init__(self, X: Tensor) -> None:
-        A = X.mT @ X  # (b, d_e, d_e)
+    def __init__(self, X: Tensor | None = None, *, grams: Tensor | None = None) -> None:
+        if (X is None) == (grams is None):
+            raise ValueError("SampleGrams takes the batch X or its samples' Gram matrices (grams=), one of the two")
+        A = X.mT @ X if grams is None else grams  # (b, d_e, d_e)
         self.scale = pow2_scale(A)
-        self.d_e = X.shape[-1]
-        # Flattened to (b·d_e, d_e): each direction's products are then one GEMM, not b small ones.
-        self.flat = A.div_(self.scale).reshape(-1, self.d_e)
+        self.d_e = A.shape[-1]
+        # Flattened to (b·d_e, d_e): each direction's products are then one GEMM, not b small ones. Divided in
+        # place only where the matrices are this object's own (the same numbers either way: an exact power of two).
+        A = A.div_(self.scale) if grams is None else A / self.scale
+        self.flat = A.reshape(-1, self.d_e)
 
     def score_change_norm(self, P: Tensor) -> Tensor:
         """``‖X P Xᵀ‖_F`` over the batch, 0-dim.

@@ -55,6 +55,9 @@ class CountedLoss:
         self.fn = fn
         self.dtype = dtype
         self.calls = 0
+        #: ``(out, samples, buffer)`` of the last :meth:`with_samples` call made without autograd: ``out`` with
+        #: the rows ``samples`` rewritten by each such call (a copy of the batch's output per search, not per call).
+        self._scratch: tuple[Tensor, slice, Tensor] | None = None
         #: Whether ``fn`` offers :class:`AttentionSplit`'s two methods.
         self.splits = isinstance(fn, AttentionSplit)
 
@@ -91,10 +94,20 @@ class CountedLoss:
 
     def with_samples(self, out: Tensor, samples: slice, S: Tensor) -> Tensor:
         """The loss where the samples ``samples`` have the scores ``S`` and every other sample the output ``out``
-        ``(b, d_s, d_out)`` already computed: one call, whose softmax and product cover ``samples`` alone."""
+        ``(b, d_s, d_out)`` already computed: one call, whose softmax and product cover ``samples`` alone.
+
+        Without autograd, successive calls with the same ``out`` and ``samples`` write into one copy of ``out``
+        (``fn.from_attention`` must not keep its argument past the call; ``out`` itself is never changed).
+        """
         self.calls += 1
         with section("loss calls"):
-            whole = out.clone()
-            whole[samples] = self.fn.attend(self._in(S), samples)  # differentiable in S
+            part = self.fn.attend(self._in(S), samples)  # differentiable in S
+            if torch.is_grad_enabled():
+                whole = out.clone()
+            else:
+                if self._scratch is None or self._scratch[0] is not out or self._scratch[1] != samples:
+                    self._scratch = (out, samples, out.clone())
+                whole = self._scratch[2]
+            whole[samples] = part
             value = self.fn.from_attention(whole)
         return self._checked(value, S)

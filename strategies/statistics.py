@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_batch, range_dtype
+from .score_change import grams_pay
 from .timing import timed
 
 
@@ -67,6 +68,11 @@ def _same(t: Tensor | None, identity: tuple | None) -> bool:
     return ref() is owner and rest == [t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, t._version]
 
 
+def _sample_grams(X: Tensor) -> Tensor:
+    """``X_bᵀ X_b`` of each sample of ``X`` ``(b, d_s, d_e)``: ``(b, d_e, d_e)``."""
+    return X.mT @ X
+
+
 class Statistics:
     """Running sums over samples; ``update`` once per batch.
 
@@ -84,14 +90,17 @@ class Statistics:
         magnitude, which fixes the dtype, and whatever a subclass's products read.
     log : list of str
         Fallbacks that happened while accumulating.
-    keep_even_rows : bool
-        Keep, while the statistics hold one batch, the rows of ``X`` and ``G X`` of its samples of even index
-        (about ``X``'s size), so that :meth:`even_half` needs no product with ``G`` again. A ``+holdout``
-        strategy's :meth:`~strategies.growth.GrowthStrategy.new_statistics` sets it; default False.
+    keep_one_batch : bool
+        Keep, while the statistics hold one batch, the products a growth on that batch uses again: the rows of
+        ``X`` and ``G X`` of its samples of even index (about ``X``'s size), so that :meth:`even_half` needs no
+        product with ``G`` again, and, where :func:`~strategies.score_change.grams_pay` (unmasked, ``2 d_e² ≤
+        d_s²``), each sample's ``X_bᵀ X_b`` (:attr:`sample_grams`, at most half ``G``'s size), whose sum is then
+        ``Σ A_b`` and whose traces give a direction's ``‖X P Xᵀ‖``. A ``+holdout`` strategy's
+        :meth:`~strategies.growth.GrowthStrategy.new_statistics` sets it; default False.
     """
 
-    def __init__(self, keep_even_rows: bool = False) -> None:
-        self.keep_even_rows = keep_even_rows
+    def __init__(self, keep_one_batch: bool = False) -> None:
+        self.keep_one_batch = keep_one_batch
         self.n = 0
         self.tokens = 0
         self.sum_A: Tensor | None = None
@@ -108,10 +117,12 @@ class Statistics:
         self._last: dict[str, Tensor] = {}
         #: The last batch's ``(X, G, mask)`` as passed, by identity (:func:`_identity`), for :meth:`is_last`.
         self._last_inputs: tuple | None = None
-        #: With ``keep_even_rows``, while the statistics hold one batch: the rows of ``X`` and of ``G X`` of its
+        #: With ``keep_one_batch``, while the statistics hold one batch: the rows of ``X`` and of ``G X`` of its
         #: samples of even index, ``(b_even·d_s, d_e)`` each, as ``Σ M_even`` took them, for :meth:`even_half`
         #: (about X's size; dropped at the second batch).
         self._even_rows: tuple[Tensor, Tensor] | None = None
+        #: With ``keep_one_batch``, while the statistics hold one batch that ``grams_pay``: ``X_bᵀ X_b`` per sample.
+        self._sample_grams: Tensor | None = None
 
     def update(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> Statistics:
         """Accumulate one batch.
@@ -166,7 +177,10 @@ class Statistics:
             Xf = X.reshape(-1, d_e)
             # One GEMM over the flattened batch instead of b small ones; and one of half the size for the samples of
             # even index (across batches). The whole M keeps its own product so that its rounding is the batch's.
-            A = Xf.mT @ Xf
+            # Where a growth on this one batch will want each sample's Gram matrix, Σ A_b is their sum instead: the
+            # same work as the one GEMM, not twice it.
+            grams = _sample_grams(X) if self.keep_one_batch and self.sum_A is None and grams_pay(X, mask) else None
+            A = Xf.mT @ Xf if grams is None else grams.sum(0)
             M = Xf.mT @ GX.reshape(-1, d_e)
             # The samples of even index, counted from the first sample seen: every other one from the first or the
             # second. A slice, not a boolean index (the same numbers, without building and searching a mask).
@@ -183,7 +197,9 @@ class Statistics:
                 self._add_to(name, value)
             self._fingerprints.append((tuple(X.shape), _fingerprint(X) if fingerprint else None))
             self._last_inputs = inputs
-            self._even_rows = even_rows if self.keep_even_rows and self.n_batches == 1 else None
+            one = self.keep_one_batch and self.n_batches == 1
+            self._even_rows = even_rows if one else None
+            self._sample_grams = grams if one else None
             self.n += X.shape[0]
             self.tokens += X.shape[0] * X.shape[1]
         self.elapsed = self._timings["update"]
@@ -212,7 +228,8 @@ class Statistics:
         Their ``Σ M_b`` is this one's ``sum_M_even`` already; only ``Σ A_b`` over them and their own split (the
         samples of index ``0 mod 4``) are computed: about half the work of accumulating them afresh, with every
         sum the same products of the same numbers. Where the statistics still hold the rows of ``X`` and ``G X``
-        their ``Σ M_even`` took, those serve (no copy of the half and no product with ``G`` again).
+        their ``Σ M_even`` took, those serve (no copy of the half and no product with ``G`` again), and where they
+        hold each sample's Gram matrix, ``Σ A_b`` over the half is a sum of those.
         """
         if type(self) is not Statistics or self.n_batches != 1 or self.n != X.shape[0] or X.shape[0] < 2:
             return None
@@ -229,7 +246,14 @@ class Statistics:
                     G = G.masked_fill(~(mask if mask.dim() == 2 else mask[0::4]).to(device), 0.0)
                 even, quarter = X[0::2].reshape(-1, d_e), X[0::4]
                 GX_quarter, quarter = (G @ quarter).reshape(-1, d_e), quarter.reshape(-1, d_e)
-            sums = (("sum_A", even.mT @ even), ("sum_M", self.sum_M_even), ("sum_M_even", quarter.mT @ GX_quarter))
+            # As update() would sum them: from the samples' Gram matrices where it would keep those.
+            if self._sample_grams is not None:
+                sum_A = self._sample_grams[0::2].sum(0)
+            elif self.keep_one_batch and grams_pay(X, mask):
+                sum_A = _sample_grams(even.view(-1, d_s, d_e)).sum(0)
+            else:
+                sum_A = even.mT @ even
+            sums = (("sum_A", sum_A), ("sum_M", self.sum_M_even), ("sum_M_even", quarter.mT @ GX_quarter))
             for name, value in sums:
                 half._add_to(name, value)
             half._fingerprints.append(((X[0::2].shape[0], *X.shape[1:]), None))
@@ -263,6 +287,7 @@ class Statistics:
         state = self.__dict__.copy()
         state["_last_inputs"] = None
         state["_even_rows"] = None  # a copy of the batch's size: even_half recomputes it where ever asked
+        state["_sample_grams"] = None  # as large: a growth forms them again where they pay
         return state
 
     def is_last(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> bool:
@@ -275,6 +300,12 @@ class Statistics:
         if self._last_inputs is None:
             return False
         return all(_same(t, i) for t, i in zip((X, G, mask), self._last_inputs, strict=True))
+
+    @property
+    def sample_grams(self) -> Tensor | None:
+        """Each sample's ``X_bᵀ X_b``, ``(b, d_e, d_e)``, of the one batch these statistics hold, where they keep
+        them (``keep_one_batch``, an unmasked batch for which they pay); None otherwise."""
+        return self._sample_grams
 
     def last_batch_sum(self, name: str = "sum_M") -> Tensor | None:
         """The last batch's own contribution to the running sum ``name`` (None once taken out)."""

@@ -85,3 +85,20 @@ def test_the_loss_with_some_samples_moved_is_counted_and_differentiable():
         h = 1e-5
         assert float(d) == pytest.approx(float(along(lam + h) - along(lam - h)) / (2 * h), rel=1e-6)
     assert counted.calls == 3
+
+
+def test_calls_without_autograd_share_one_copy_of_the_output_and_leave_it_unchanged():
+    # A search's trials (no autograd) write the moved samples into one copy of the output at S0: each is the
+    # plain loss at its scores, whatever came before, and the output handed in is never changed.
+    cap, _, _, _, fn = _site(causal=False)
+    counted = CountedLoss(fn)
+    _, out0 = counted.attention(cap.S)
+    before = out0.clone()
+    gen = torch.Generator().manual_seed(8)
+    for samples in (HELD_OUT_HALF, HELD_OUT_HALF, slice(0, 5), HELD_OUT_HALF):
+        moved = cap.S[samples] + torch.randn(cap.S[samples].shape, generator=gen, dtype=DT)
+        whole = cap.S.clone()
+        whole[samples] = moved
+        with torch.no_grad():
+            assert float(counted.with_samples(out0, samples, moved)) == pytest.approx(float(fn(whole)), rel=1e-13)
+    assert torch.equal(out0, before)

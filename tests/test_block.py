@@ -348,9 +348,11 @@ class FakeStrategy:
         new_scale,
         mask=None,
         stats=None,
+        scores=None,
     ):
         self.calls.append(
             {
+                "scores": scores,
                 "W_Q": W_Q,
                 "W_K": W_K,
                 "Xa": Xa,
@@ -396,6 +398,7 @@ def test_grow_forwards_arguments_and_installs(policy: str) -> None:
     torch.testing.assert_close(call["G"], cap.G)
     assert torch.equal(call["mask"], torch.tril(torch.ones(5, 5, dtype=torch.bool)))
     torch.testing.assert_close(call["loss_of_scores"](cap.S), loss.detach())
+    assert torch.equal(call["scores"], cap.S)  # the forward's scores, not formed again
     assert (block.d_k(0), block.d_k(1)) == (3, 5)
     torch.testing.assert_close(block.factors(1)[0], r.W_Q)
     torch.testing.assert_close(block(X), Y0)

@@ -109,7 +109,7 @@ def test_a_growth_from_the_sums_takes_the_formed_score_changes_step(spec, monkey
     # End to end: the growth uses the Gram traces where they pay, and steps as it does with the formed score change.
     X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=11, b=12)
     made = []
-    monkeypatch.setattr(growth, "SampleGrams", lambda X: made.append(X) or SampleGrams(X))
+    monkeypatch.setattr(growth, "SampleGrams", lambda X=None, grams=None: made.append(X) or SampleGrams(X, grams=grams))
     grow = strategies.make(spec).grow
     summed = grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
     assert len(made) == 1  # one set of Gram matrices for the searched direction and the refit
@@ -119,3 +119,33 @@ def test_a_growth_from_the_sums_takes_the_formed_score_changes_step(spec, monkey
     assert summed.lam == pytest.approx(formed.lam, rel=1e-9)
     assert rel_err(summed.dZ, formed.dZ) < 1e-8
     assert summed.loss_after == pytest.approx(formed.loss_after, rel=1e-12)
+
+
+def test_the_gram_matrices_handed_over_are_the_ones_formed():
+    # SampleGrams(grams=...) from the statistics' kept matrices: the same norms bit for bit, the matrices untouched.
+    X = anisotropic_X(6, 13, 5, cond=1e3, seed=5) * 2.0**40  # far from 1: the scale is not
+    grams = X.mT @ X
+    kept = grams.clone()
+    P = torch.randn(5, 5, generator=gen(6), dtype=DT)
+    assert torch.equal(SampleGrams(grams=grams).score_change_norm(P), SampleGrams(X).score_change_norm(P))
+    assert torch.equal(grams, kept)
+    with pytest.raises(ValueError, match="one of the two"):
+        SampleGrams(X, grams=grams)
+    with pytest.raises(ValueError, match="one of the two"):
+        SampleGrams()
+
+
+def test_a_holdout_growth_takes_the_gram_matrices_its_statistics_kept(monkeypatch):
+    # +holdout on one batch: the statistics of every sample keep each sample's Gram matrix, and the growth's
+    # norms come from those (no second product with X), for the same step as the formed score change's.
+    X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=13, b=10)
+    spec = "gram/ridge/full+metric/normal+holdout+shrink:bracket"
+    made = []
+    monkeypatch.setattr(growth, "SampleGrams",
+                        lambda X=None, grams=None: made.append((X, grams)) or SampleGrams(X, grams=grams))
+    stats = strategies.make(spec).new_statistics().update(X, G)
+    assert torch.equal(stats.sample_grams, X.mT @ X)
+    kept = strategies.make(spec).grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, stats=stats)
+    own = strategies.make(spec).grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
+    assert [X_ is None and torch.equal(g, X.mT @ X) for X_, g in made] == [True, True]
+    assert kept.lam > 0 and kept.lam == own.lam and torch.equal(kept.dZ, own.dZ)

@@ -453,8 +453,8 @@ def test_the_even_half_from_the_kept_rows_equals_the_one_made_afresh():
     (X, G), = batches(n=1, b=9)
     mask = causal(X.shape[1])
     assert Statistics().update(X, G, mask)._even_rows is None  # kept for +holdout strategies only
-    assert strategies.make("default").new_statistics().keep_even_rows
-    stats = Statistics(keep_even_rows=True).update(X, G, mask)
+    assert strategies.make("default").new_statistics().keep_one_batch
+    stats = Statistics(keep_one_batch=True).update(X, G, mask)
     assert stats._even_rows is not None
     kept = stats.even_half(X, G, mask)
     unpickled = pickle.loads(pickle.dumps(stats))
@@ -462,3 +462,27 @@ def test_the_even_half_from_the_kept_rows_equals_the_one_made_afresh():
     afresh = unpickled.even_half(X, G, mask)
     assert all(torch.equal(getattr(kept, n), getattr(afresh, n)) for n in ("sum_A", "sum_M", "sum_M_even"))
     assert stats.update(X, G, mask)._even_rows is None
+
+
+def test_one_batch_statistics_keep_each_samples_gram_matrix_where_it_pays():
+    # keep_one_batch on an unmasked batch with 2 d_e² ≤ d_s²: Σ A_b is the sum of the kept X_bᵀ X_b (against
+    # the samples one by one), and the even half sums the kept ones as update() on the half would.
+    (X, G), = batches(n=1, b=9)
+    d_s, d_e = X.shape[1:]
+    assert 2 * d_e * d_e <= d_s * d_s
+    stats = Statistics(keep_one_batch=True).update(X, G)
+    assert torch.equal(stats.sample_grams, X.mT @ X)
+    assert rel_err(stats.sum_A, sum(x.T @ x for x in np64(X))) < 1e-12
+    half = stats.even_half(X, G)
+    fresh = Statistics(keep_one_batch=True).update(X[0::2], G[0::2])
+    assert all(torch.equal(getattr(half, n), getattr(fresh, n)) for n in ("sum_A", "sum_M", "sum_M_even"))
+    afresh = pickle.loads(pickle.dumps(stats))  # neither rows nor Gram matrices travel
+    assert afresh.sample_grams is None and afresh._even_rows is None
+    assert all(torch.equal(getattr(afresh.even_half(X, G), n), getattr(half, n)) for n in ("sum_A", "sum_M_even"))
+    # Not kept: without the flag, for a masked batch (no Gram matrix leaves masked entries out), for a batch too
+    # wide for them to pay, and once a second batch comes.
+    assert Statistics().update(X, G).sample_grams is None
+    assert Statistics(keep_one_batch=True).update(X, G, causal(d_s)).sample_grams is None
+    wide = torch.randn(3, 4, d_e, generator=gen(2), dtype=DT)
+    assert Statistics(keep_one_batch=True).update(wide, torch.zeros(3, 4, 4, dtype=DT)).sample_grams is None
+    assert stats.update(X, G).sample_grams is None
