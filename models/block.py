@@ -251,17 +251,20 @@ class HeadLoss:
         return self.from_attention(self.attend(S_new, slice(None)))
 
     def attend(self, S: Tensor, samples: slice) -> Tensor:
-        """The head's output (n, d_s, d_v or d_e) on the ``n`` samples ``samples`` at their scores ``S``."""
+        """The block output (n, d_s, d_e) on the ``n`` samples ``samples`` with this head at their scores ``S``: the
+        rest of the block's output is added here, row by row, so that a search moving some samples adds it to
+        those alone."""
         n = len(range(self.b)[samples])
         if S.shape != (n, self.d_s, self.d_s):
             raise ValueError(f"scores must have shape {(n, self.d_s, self.d_s)}, got {tuple(S.shape)}")
         if self.mask is not None:
             S = S.masked_fill(~self.mask, float("-inf"))
-        return torch.softmax(S, dim=-1) @ self.V[samples]
+        out = torch.softmax(S, dim=-1) @ self.V[samples]
+        return self.base[samples] + (out if self.W_O is None else out @ self.W_O)
 
     def from_attention(self, out: Tensor) -> Tensor:
-        """The loss given the head's output on every sample, (b, d_s, d_v or d_e): a scalar."""
-        return self.rest(self.base + (out if self.W_O is None else out @ self.W_O))
+        """The loss given the block output on every sample, (b, d_s, d_e): a scalar."""
+        return self.rest(out)
 
 
 class GrowableAttention(GrowsHeads, CaptureSwitch, nn.Module):
@@ -517,7 +520,7 @@ class GrowableAttention(GrowsHeads, CaptureSwitch, nn.Module):
         HeadLoss
             ``fn(S_new)``, S_new (b, d_s, d_s) pre-mask -> scalar. Built from
             plain ops so ``torch.autograd.grad`` and ``torch.func`` transforms
-            (e.g. ``jvp(grad(fn))``) apply. Also offers the head's output and
+            (e.g. ``jvp(grad(fn))``) apply. Also offers the block output and
             the loss given it apart (``fn.attend``, ``fn.from_attention``).
 
         Notes

@@ -124,7 +124,7 @@ class StepContext:
         The batch's per-sample Gram matrices (those ``refit_stats`` kept, :attr:`Statistics.sample_grams`, where
         they did), once a direction's ``‖X P Xᵀ‖`` was taken from them.
     attention0 : Tensor or None
-        The head's output at ``S0`` on every sample, where the loss offers it and a search may move part of the
+        The output at ``S0`` on every sample (``attend``'s), where the loss offers it and a search may move part of the
         batch (:class:`strategies.scores_loss.AttentionSplit`).
     """
 
@@ -408,7 +408,7 @@ def start_step(
     mask : Tensor or None
         The checked mask.
     keep_attention : bool
-        Keep the head's output at the current scores (``ctx.attention0``) where the loss offers it
+        Keep the output at the current scores (``ctx.attention0``) where the loss offers it
         (:class:`strategies.scores_loss.AttentionSplit`): for a search that will move part of the batch.
     scores : Tensor or None
         The caller's current scores ``(b, d_s, d_s)`` (see ``grow``), or None to form them.

@@ -3,8 +3,9 @@ that lets a search which moves some samples recompute only their attention.
 
 A ``loss_of_scores`` maps a head's scores ``(b, d_s, d_s)`` to the loss. Attention is sample by sample (a softmax
 over each row, then a product with that sample's values), so a loss may offer two more methods
-(:class:`AttentionSplit`): ``attend(S, samples)``, the head's output on the samples ``samples`` at their scores
-``S``, and ``from_attention(out)``, the loss given the head's output on every sample. Then ``loss(S) =
+(:class:`AttentionSplit`): ``attend(S, samples)``, the output on the samples ``samples`` at their scores ``S``
+(the head's, or the whole site's with the head's term in it), and ``from_attention(out)``, the loss given that
+output on every sample. Then ``loss(S) =
 from_attention(attend(S, slice(None)))``, and a ``+holdout`` search on one batch, whose trials move only the
 held-out half, computes each trial's softmax and product over that half alone and keeps the other half's output
 from the current scores (the most expensive part of a call at the reference sizes, about 85%).
@@ -29,11 +30,11 @@ class AttentionSplit(Protocol):
         """The loss at the scores ``S`` ``(b, d_s, d_s)``: ``from_attention(attend(S, slice(None)))``."""
 
     def attend(self, S: Tensor, samples: slice) -> Tensor:
-        """The head's output ``(n, d_s, d_out)`` on the ``n`` samples ``samples`` of the batch at their scores
-        ``S`` ``(n, d_s, d_s)``."""
+        """The output ``(n, d_s, d_out)`` (the head's, or the site's) on the ``n`` samples ``samples`` of the batch
+        at their scores ``S`` ``(n, d_s, d_s)``, each sample's rows its own."""
 
     def from_attention(self, out: Tensor) -> Tensor:
-        """The loss given the head's output on every sample, ``(b, d_s, d_out)``: a scalar."""
+        """The loss given that output on every sample, ``(b, d_s, d_out)``: a scalar."""
 
 
 class CountedLoss:
@@ -85,7 +86,7 @@ class CountedLoss:
         return self._checked(value, S)
 
     def attention(self, S: Tensor) -> tuple[Tensor, Tensor]:
-        """``(the loss at S, the head's output on every sample)``: one call, through ``fn``'s split."""
+        """``(the loss at S, the output on every sample)``: one call, through ``fn``'s split."""
         self.calls += 1
         with section("loss calls"):
             out = self.fn.attend(self._in(S), slice(None))
