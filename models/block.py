@@ -6,6 +6,7 @@ Notation follows docs/mathematics.md §1: ``S_i = c_i (Xa W_Q_i)(Xa W_K_i)^T``,
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -156,6 +157,15 @@ class HookedHeads:
         install_factors(self._site(head), W_Q, W_K, self.d_in, self.d_k(head))
 
 
+def _takes(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` accepts the keyword argument ``name`` (by name, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature: pass only what every strategy takes
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 class GrowsHeads:
     """``grow``, shared by every growth site: a head grown from the last captured pass, its new factors installed.
 
@@ -172,8 +182,8 @@ class GrowsHeads:
             Head to grow; needs a captured forward and backward.
         strategy : object
             Has ``grow(W_Q, W_K, Xa, G, *, p, loss_of_scores, scale, new_scale,
-            mask, stats, scores)`` returning an object with ``W_Q``, ``W_K`` of shape
-            (d_in, d_k + p).
+            mask, stats)`` (and ``scores``, the captured ones, where it takes them)
+            returning an object with ``W_Q``, ``W_K`` of shape (d_in, d_k + p).
         p : int
             Number of query/key columns to add.
         rest : Callable[[Tensor], Tensor]
@@ -189,10 +199,12 @@ class GrowsHeads:
         """
         cap = self.captured(head)
         W_Q, W_K = self.factors(head)
-        # The captured scores too: the forward made them, and a growth need not form them again.
+        # The captured scores too, to a strategy that takes them: the forward made them, and a growth need not
+        # form them again.
+        given = {"scores": cap.S} if _takes(strategy.grow, "scores") else {}
         r = strategy.grow(W_Q, W_K, cap.Xa, cap.G, p=p, loss_of_scores=self.loss_of_scores(rest, head),
                           scale=self.scale(head), new_scale=self.new_scale(head, p), mask=cap.mask, stats=stats,
-                          scores=cap.S)
+                          **given)
         d_new = self.d_k(head) + p
         if r.W_Q.shape[-1] != d_new or r.W_K.shape[-1] != d_new:
             raise ValueError(f"strategy returned d_k'={r.W_Q.shape[-1]}/{r.W_K.shape[-1]}, expected d_k + p = {d_new}")

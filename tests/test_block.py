@@ -404,6 +404,25 @@ def test_grow_forwards_arguments_and_installs(policy: str) -> None:
     torch.testing.assert_close(block(X), Y0)
 
 
+def test_grow_takes_a_strategy_without_the_scores_argument() -> None:
+    # A strategy written before grow(..., scores=) still grows the block: the captured scores go only to a grow
+    # that takes them.
+    block = make(d_e=6, d_k=3, n_heads=2, bias=True, causal=True)
+    X = inputs()
+    with block.capture():
+        rest(block(X)).backward()
+    calls = []
+
+    class Older:
+        def grow(self, W_Q, W_K, Xa, G, *, p, loss_of_scores, scale, new_scale, mask=None, stats=None):
+            calls.append(p)
+            return FakeStrategy().grow(W_Q, W_K, Xa, G, p=p, loss_of_scores=loss_of_scores, scale=scale,
+                                       new_scale=new_scale, mask=mask, stats=stats)
+
+    block.grow(1, Older(), 2, rest)
+    assert calls == [2] and block.d_k(1) == 5
+
+
 def test_grow_rejects_wrong_width() -> None:
     block = make(d_e=4, d_k=2)
     with block.capture():
