@@ -68,9 +68,14 @@ def _same(t: Tensor | None, identity: tuple | None) -> bool:
     return ref() is owner and rest == [t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, t._version]
 
 
-def _sample_grams(X: Tensor) -> Tensor:
-    """``X_bᵀ X_b`` of each sample of ``X`` ``(b, d_s, d_e)``: ``(b, d_e, d_e)``."""
-    return X.mT @ X
+def _gram_sum(X: Tensor, per_sample: bool) -> tuple[Tensor, Tensor | None]:
+    """``Σ_b X_bᵀ X_b`` of ``X`` ``(b, d_s, d_e)``, and with ``per_sample`` each sample's ``(b, d_e, d_e)``, whose
+    sum it then is (otherwise one GEMM over the flattened batch, and None)."""
+    if per_sample:
+        grams = X.mT @ X
+        return grams.sum(0), grams
+    flat = X.reshape(-1, X.shape[-1])
+    return flat.mT @ flat, None
 
 
 class Statistics:
@@ -179,8 +184,7 @@ class Statistics:
             # even index (across batches). The whole M keeps its own product so that its rounding is the batch's.
             # Where a growth on this one batch will want each sample's Gram matrix, Σ A_b is their sum instead: the
             # same work as the one GEMM, not twice it.
-            grams = _sample_grams(X) if self.keep_one_batch and self.sum_A is None and grams_pay(X, mask) else None
-            A = Xf.mT @ Xf if grams is None else grams.sum(0)
+            A, grams = _gram_sum(X, self.keep_one_batch and self.sum_A is None and grams_pay(X, mask))
             M = Xf.mT @ GX.reshape(-1, d_e)
             # The samples of even index, counted from the first sample seen: every other one from the first or the
             # second. A slice, not a boolean index (the same numbers, without building and searching a mask).
@@ -247,12 +251,8 @@ class Statistics:
                 even, quarter = X[0::2].reshape(-1, d_e), X[0::4]
                 GX_quarter, quarter = (G @ quarter).reshape(-1, d_e), quarter.reshape(-1, d_e)
             # As update() would sum them: from the samples' Gram matrices where it would keep those.
-            if self._sample_grams is not None:
-                sum_A = self._sample_grams[0::2].sum(0)
-            elif self.keep_one_batch and grams_pay(X, mask):
-                sum_A = _sample_grams(even.view(-1, d_s, d_e)).sum(0)
-            else:
-                sum_A = even.mT @ even
+            sum_A = (self._sample_grams[0::2].sum(0) if self._sample_grams is not None
+                     else _gram_sum(even.view(-1, d_s, d_e), self.keep_one_batch and grams_pay(X, mask))[0])
             sums = (("sum_A", sum_A), ("sum_M", self.sum_M_even), ("sum_M_even", quarter.mT @ GX_quarter))
             for name, value in sums:
                 half._add_to(name, value)
