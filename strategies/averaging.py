@@ -121,12 +121,17 @@ class Gram(Averaging):
             info["ridge_alpha"] = factor.alpha
             info["ridge_cosine"] = factor.cosine
         info["factor_host_syncs"] = factor.host_syncs
+        # A ridge that chose its strength from the halves holds them in A's eigenbasis already: the direction is
+        # two products from there, not the four of a sandwich (M = M_a + M_b).
+        rotated = getattr(factor, "rotated_halves", None)
         with section("direction"):
-            P = factor.sandwich(stats.mean_M)
-            if not split:
-                return P, None
-            even = factor.sandwich(halves[0] / stats.n)
-        return P, (even, P - even)
+            if rotated is not None:
+                P = factor.sandwich_rotated((rotated[0] + rotated[1]) / stats.n)
+                even = factor.sandwich_rotated(rotated[0] / stats.n) if split else None
+            else:
+                P = factor.sandwich(stats.mean_M)
+                even = factor.sandwich(halves[0] / stats.n) if split else None
+        return P, (None if even is None else (even, P - even))
 
 
 class _MeanInputStatistics(Statistics):

@@ -55,7 +55,7 @@ from ._checks import (
 from .averaging import Averaging
 from .line_search import LineSearch, SearchProblem, factor_scores, truncated_scores
 from .result import GrowthResult
-from .score_change import SampleGrams, grams_pay
+from .score_change import SampleGrams, SketchedNorms, grams_pay, sketch_pays
 from .scores_loss import CountedLoss
 from .signal import signal_share
 from .statistics import Statistics
@@ -120,9 +120,9 @@ class StepContext:
         batch by these tensors' identity (:meth:`Statistics.is_last`).
     M_heldout : Tensor or None
         ``Σ X_bᵀ G_b X_b`` over ``heldout_samples``, where ``M_batch`` and the fitted half's statistics give it.
-    grams : SampleGrams or None
-        The batch's per-sample Gram matrices (those ``refit_stats`` kept, :attr:`Statistics.sample_grams`, where
-        they did), once a direction's ``‖X P Xᵀ‖`` was taken from them.
+    norms : SampleGrams or SketchedNorms or None
+        What every direction's ``‖X P Xᵀ‖`` on the batch is taken from, once one was: the probes of a sketch, or
+        the per-sample Gram matrices (those ``refit_stats`` kept, :attr:`Statistics.sample_grams`, where they did).
     attention0 : Tensor or None
         The output at ``S0`` on every sample (``attend``'s), where the loss offers it and a search may move part of the
         batch (:class:`strategies.scores_loss.AttentionSplit`).
@@ -149,7 +149,7 @@ class StepContext:
     profile: Profile | None = None
     inputs: tuple | None = None
     M_heldout: Tensor | None = None
-    grams: SampleGrams | None = None
+    norms: SampleGrams | SketchedNorms | None = None
     attention0: Tensor | None = None
 
 
@@ -964,14 +964,14 @@ def _masked(scores: Tensor, mask: Tensor | None) -> Tensor:
     return scores if mask is None else scores.mul_(mask)
 
 
-def _read(ctx: StepContext, finite_t: Tensor, norm_t: Tensor, slope_t: Tensor,
-          n_entries_t: Tensor) -> list[float]:
+def _read(ctx: StepContext, finite_t: Tensor, norm_t: Tensor, slope_t: Tensor, n_entries_t: Tensor,
+          *more: Tensor) -> list[float]:
     """One host transfer for the four numbers a step decides on: whether ``P`` is finite, ``‖X P Xᵀ‖``, the slope
-    ``−⟨G, X P Xᵀ⟩`` over the moved samples and the number of attended entries."""
+    ``−⟨G, X P Xᵀ⟩`` over the moved samples and the number of attended entries (and any ``more``, after them)."""
     _host_reads(ctx, 1)
     dtype, device = norm_t.dtype, norm_t.device
-    return torch.stack([finite_t.to(dtype), norm_t, slope_t.to(dtype), n_entries_t.to(device=device, dtype=dtype)]
-                       ).tolist()
+    return torch.stack([finite_t.to(dtype), norm_t, slope_t.to(dtype), n_entries_t.to(device=device, dtype=dtype),
+                        *(t.to(dtype) for t in more)]).tolist()
 
 
 def _numbers_from_scores(ctx: StepContext, P: Tensor, moved: slice, finite_t: Tensor,
@@ -995,26 +995,47 @@ def _numbers_from_sums(ctx: StepContext, P: Tensor, finite_t: Tensor,
     """:func:`_numbers_from_scores` without forming ``X P Xᵀ`` (the moved samples' score change left to be formed
     if ever asked for), where that is cheaper and the sums allow it.
 
-    ``‖X P Xᵀ‖`` comes from the samples' Gram matrices (:class:`strategies.score_change.SampleGrams`, kept on
-    ``ctx`` for every direction of the growth) and the slope from ``⟨G_b, X_b P X_bᵀ⟩ = ⟨X_bᵀ G_b X_b, P⟩``
-    summed over the moved samples (``ctx.M_batch``, or ``ctx.M_heldout`` for the held-out half). ``P`` is divided
-    by a power of two near ``max|P|``. None where the batch is masked, ``d_e`` is too wide for the traces to pay,
+    ``‖X P Xᵀ‖`` comes from :func:`_score_change_norms` (kept on ``ctx`` for every direction of the growth): a
+    seeded sketch where that costs at most half as much (:func:`strategies.score_change.sketch_pays`), whose
+    relative standard error goes to ``info["norm_sketch_rel_se"]`` (the largest of the growth's directions), else
+    the samples' Gram matrices. The slope is ``⟨G_b, X_b P X_bᵀ⟩ = ⟨X_bᵀ G_b X_b, P⟩`` summed over the moved
+    samples (``ctx.M_batch``, or ``ctx.M_heldout`` for the held-out half). ``P`` is divided by a power of two near
+    ``max|P|``. None where the batch is masked, ``d_e`` is too wide for the traces and the sketch does not pay,
     the moved samples' gradient sum is not known, or a number is out of range: the formed score change then
     decides, and says why.
     """
     gradient = ctx.M_batch if ctx.heldout_samples is None else ctx.M_heldout
-    if gradient is None or not grams_pay(ctx.X, ctx.mask):
+    if gradient is None:
         return None
-    if ctx.grams is None:
-        # Statistics of every sample hold the one batch λ is chosen on (+holdout's split), and may have kept its
-        # samples' Gram matrices.
-        kept = ctx.refit_stats.sample_grams if ctx.refit_stats is not None else None
-        ctx.grams = (SampleGrams(ctx.X) if kept is None
-                     else SampleGrams(grams=kept.to(dtype=ctx.X.dtype, device=ctx.X.device)))
+    if ctx.norms is None:
+        ctx.norms = _score_change_norms(ctx)
+        if ctx.norms is None:
+            return None
     P = P / pow2_scale(P)
-    numbers = _read(ctx, finite_t, ctx.grams.score_change_norm(P), -torch.sum(gradient * P), n_entries_t)
+    slope_t = -torch.sum(gradient * P)
+    if isinstance(ctx.norms, SketchedNorms):
+        norm_t, error_t = ctx.norms.score_change_norm(P, with_error=True)
+        numbers = _read(ctx, finite_t, norm_t, slope_t, n_entries_t, error_t)
+        numbers, error = numbers[:4], numbers[4]
+        ctx.info["norm_sketch_probes"] = ctx.norms.k * ctx.X.shape[0]
+        ctx.info["norm_sketch_rel_se"] = max(error, ctx.info.get("norm_sketch_rel_se", 0.0))
+    else:
+        numbers = _read(ctx, finite_t, ctx.norms.score_change_norm(P), slope_t, n_entries_t)
     finite, norm, slope, _ = numbers
     return (P, None, numbers) if finite and math.isfinite(norm) and norm > 0 and math.isfinite(slope) else None
+
+
+def _score_change_norms(ctx: StepContext) -> SampleGrams | SketchedNorms | None:
+    """What the growth's ``‖X P Xᵀ‖`` are taken from without forming ``X P Xᵀ``: probes where a sketch pays, the
+    samples' Gram matrices where the traces do, else None (the score change is formed)."""
+    if sketch_pays(ctx.X, ctx.mask):
+        return SketchedNorms(ctx.X)
+    if not grams_pay(ctx.X, ctx.mask):
+        return None
+    # Statistics of every sample hold the one batch λ is chosen on (+holdout's split), and may have kept its
+    # samples' Gram matrices.
+    kept = ctx.refit_stats.sample_grams if ctx.refit_stats is not None else None
+    return SampleGrams(ctx.X) if kept is None else SampleGrams(grams=kept.to(dtype=ctx.X.dtype, device=ctx.X.device))
 
 
 def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor, Tensor] | None, rank: int,

@@ -228,15 +228,26 @@ class Solve:
 
 
 class _RidgeFactor(GramFactor):
-    """``(A + δI)^{-1}`` from ``A = V diag(w) Vᵀ``; with ``δ = 0``, the pseudo-inverse above a cutoff."""
+    """``(A + δI)^{-1}`` from ``A = V diag(w) Vᵀ``; with ``δ = 0``, the pseudo-inverse above a cutoff.
 
-    def __init__(self, V: Tensor, inv_w: Tensor, alpha: float, host_syncs: int) -> None:
+    ``rotated_halves``: ``(Vᵀ M_a V, Vᵀ M_b V)`` (float64) of the halves the strength was chosen with, or None.
+    """
+
+    def __init__(self, V: Tensor, inv_w: Tensor, alpha: float, host_syncs: int,
+                 rotated_halves: tuple[Tensor, Tensor] | None = None) -> None:
         self.V, self.inv_w = V, inv_w
         self.alpha = alpha
         self.host_syncs = host_syncs
+        self.rotated_halves = rotated_halves
 
     def solve(self, R: Tensor) -> Tensor:
         return self.V @ (self.inv_w.unsqueeze(-1) * (self.V.mT @ R))
+
+    def sandwich_rotated(self, M_rotated: Tensor) -> Tensor:
+        """``(A + δI)^{-1} M (A + δI)^{-1}`` from ``Vᵀ M V`` ``(d, d)``, already in ``A``'s eigenbasis (the strength
+        search's :attr:`rotated_halves`): two ``(d, d)`` products where :meth:`sandwich` takes four."""
+        inv = self.inv_w
+        return self.V @ (inv.unsqueeze(-1) * M_rotated.to(self.V.dtype) * inv.unsqueeze(-2)) @ self.V.mT
 
 
 @register("inverse")
@@ -286,16 +297,16 @@ class Ridge:
             tol = self.rtol if self.rtol is not None else (rtol if rtol is not None
                                                            else default_rtol(A.dtype, A.shape[-1]))
             mean_w = w.mean(dim=-1, keepdim=True)
-            alpha, cosine, syncs = self.alpha, math.nan, 0
+            alpha, cosine, syncs, rotated = self.alpha, math.nan, 0, None
             if alpha == "auto":
                 if halves is not None and A.dim() == 2:
-                    alpha, cosine = _honest_alpha(w, V, halves, tol)
+                    alpha, cosine, rotated = _honest_alpha(w, V, halves, tol)
                     syncs = 1
                 else:
                     alpha = RIDGE_FALLBACK_ALPHA
                     what = "batched Gram matrices" if A.dim() > 2 else "this Gram matrix"
                     log.append(f"ridge: no split-half statistics for {what}; alpha = {alpha:g}")
-            factor = _RidgeFactor(V, _ridge_inverse(w, alpha * mean_w, tol), float(alpha), syncs)
+            factor = _RidgeFactor(V, _ridge_inverse(w, alpha * mean_w, tol), float(alpha), syncs, rotated)
         factor.cosine = cosine
         return factor
 
@@ -312,8 +323,10 @@ def _ridge_inverse(w: Tensor, delta: Tensor, tol: float) -> Tensor:
     return torch.where(keep, 1.0 / torch.where(keep, lifted, torch.ones_like(lifted)), torch.zeros_like(lifted))
 
 
-def _honest_alpha(w: Tensor, V: Tensor, halves: tuple[Tensor, Tensor], tol: float) -> tuple[float, float]:
-    """The strength of :data:`RIDGE_ALPHAS` with the highest honest cosine (see :class:`Ridge`), and that cosine.
+def _honest_alpha(w: Tensor, V: Tensor, halves: tuple[Tensor, Tensor],
+                  tol: float) -> tuple[float, float, tuple[Tensor, Tensor]]:
+    """The strength of :data:`RIDGE_ALPHAS` with the highest honest cosine (see :class:`Ridge`), that cosine, and
+    the halves in ``A``'s eigenbasis, ``(Vᵀ M_a V, Vᵀ M_b V)`` in float64 (the direction is made from them).
 
     Computed in float64 in ``A``'s eigenbasis: each candidate costs ``O(d²)``. The candidates are scored in
     stacks of ``(k, d, d)``, ``k`` such that a stack fits a core's cache (:data:`_STACK_NUMBERS`): every
@@ -338,4 +351,4 @@ def _honest_alpha(w: Tensor, V: Tensor, halves: tuple[Tensor, Tensor], tol: floa
         scores.append(torch.where(norm > 0, honest / norm, torch.full_like(norm, -math.inf)))
     values = torch.cat(scores).tolist()  # one host transfer for the choice
     best = max(range(len(RIDGE_ALPHAS)), key=lambda i: values[i])
-    return RIDGE_ALPHAS[best], values[best]
+    return RIDGE_ALPHAS[best], values[best], (Ma, Mb)

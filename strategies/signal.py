@@ -69,20 +69,23 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
     dtype = metric.L.dtype if metric is not None else torch.promote_types(*(t.dtype for t in direction_halves))
     M_a, M_b = _in_range(gradient_halves, dtype)
     P_a, P_b = _in_range(direction_halves, dtype)
-    if metric is not None:
-        Y_a, Y_b = map(metric.whiten, (P_a, P_b))
-        N_a, N_b = map(metric.dual_whiten, (M_a, M_b))
-    else:
-        Y_a, Y_b, N_a, N_b = P_a, P_b, M_a, M_b
-    Y = Y_a + Y_b
+    Y = metric.whiten(P_a + P_b) if metric is not None else P_a + P_b
     if top_subspace is None:  # a wide matrix's by the rsvd truncation's seeded sketch
         top_subspace = (FullSVD() if Y.shape[-1] <= LOW_RANK_ABOVE else RandomizedSVD()).top_subspace
     U, V = top_subspace(Y, rank)
+    # Only the halves' cores on that subspace enter the share, and they need no whitened half: Uᵀ (Lᵀ P L) V is
+    # (L U)ᵀ P (L V), and Uᵀ (L⁻¹ M L⁻ᵀ) V is (L⁻ᵀ U)ᵀ M (L⁻ᵀ V): products of (d_e, r) factors, in place of two
+    # (d_e, d_e) products or solves per half (at d_e = 1024, two thirds of the estimate's time).
+    if metric is not None:
+        (LU, LV), (UL, VL) = (metric.L @ U, metric.L @ V), (metric.unwhiten(U), metric.unwhiten(V))
+    else:
+        LU, LV, UL, VL = U, V, U, V
 
-    def core(T: Tensor) -> Tensor:  # Uᵀ T V: ⟨A, U Uᵀ B V Vᵀ⟩ = ⟨Uᵀ A V, Uᵀ B V⟩
-        return U.mT @ T @ V
+    def core(T: Tensor, left: Tensor, right: Tensor) -> Tensor:  # ⟨A, U Uᵀ B V Vᵀ⟩ = ⟨Uᵀ A V, Uᵀ B V⟩
+        return left.mT @ T @ right
 
-    ya, yb, na, nb = map(core, (Y_a, Y_b, N_a, N_b))
+    ya, yb = (core(P, LU, LV) for P in (P_a, P_b))
+    na, nb = (core(M, UL, VL) for M in (M_a, M_b))
     honest, in_sample = torch.stack([2 * ((na * yb).sum() + (nb * ya).sum()), ((na + nb) * (ya + yb)).sum()]).tolist()
     return honest / in_sample if in_sample > 0 else float("nan")
 

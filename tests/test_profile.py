@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from conftest import DT, anisotropic_X, attention_loss, causal, factors, grad_of
+from conftest import DT, anisotropic_X, attention_loss, causal, factors, grad_of, rel_err
 
 from growbench import strategies
 from growbench.strategies import inverse as inv
@@ -208,7 +208,8 @@ def test_the_ridges_stacked_candidates_score_as_the_definition(d):
     w, V = torch.linalg.eigh(A)
     w = w.clamp_min(0)
     tol = inv.default_rtol(A.dtype, d)
-    alpha, cosine = inv._honest_alpha(w, V, (Ma, Mb), tol)
+    alpha, cosine, rotated = inv._honest_alpha(w, V, (Ma, Mb), tol)
+    assert all(rel_err(R, V.T @ M @ V) < 1e-12 for R, M in zip(rotated, (Ma, Mb), strict=True))
     eye = torch.eye(d, dtype=DT)
     scores = []
     for a in inv.RIDGE_ALPHAS:
@@ -226,6 +227,30 @@ def test_the_ridges_stacked_candidates_score_as_the_definition(d):
     best = max(range(len(scores)), key=scores.__getitem__)
     assert alpha == inv.RIDGE_ALPHAS[best]
     assert cosine == pytest.approx(scores[best], rel=1e-8)
+
+
+@pytest.mark.parametrize(("seed", "cond", "alpha"), [(0, 1e3, 0.03), (2, 10.0, 3.0), (7, 10.0, 100.0), (1, 10.0, 0.0)])
+def test_the_ridges_direction_from_its_eigenbasis_is_the_solved_sandwich(seed, cond, alpha):
+    # gram/ridge makes P and the even half's direction from the halves the strength search rotated: the same as
+    # (A + δI)⁻¹ M (A + δI)⁻¹ by two solves, at the strength chosen (weak to strong, and none).
+    from growbench import strategies
+
+    X = anisotropic_X(12, 9, 7, cond=cond, seed=seed)
+    G = torch.randn(12, 9, 9, generator=torch.Generator().manual_seed(seed + 1), dtype=DT)
+    stats = strategies.make("gram/ridge/full/normal:bracket").new_statistics().update(X, G)
+    info: dict = {}
+    P, (even, odd) = strategies.make("gram/ridge/full/normal:bracket").averaging.direction_and_halves(stats, [], info)
+    A = stats.mean_A
+    lifted = A + alpha * float(torch.trace(A) / 7) * torch.eye(7, dtype=DT)
+
+    def sandwich(M):
+        return torch.linalg.solve(lifted, torch.linalg.solve(lifted, M).mT).mT
+
+    M_even, M_odd = stats.half_sums()
+    assert info["ridge_alpha"] == alpha
+    assert rel_err(P, sandwich(stats.mean_M)) < 1e-10
+    assert rel_err(even, sandwich(M_even / stats.n)) < 1e-10
+    assert rel_err(odd, sandwich(M_odd / stats.n)) < 1e-10
 
 
 @pytest.mark.parametrize("batches", [1, 2])

@@ -1,5 +1,6 @@
-"""``‖X P Xᵀ‖`` from the samples' Gram matrices (strategies/score_change.py), and the growth's problem built from
-the statistics' sums instead of the formed score change: the same problem, checked against the formed one."""
+"""``‖X P Xᵀ‖`` from the samples' Gram matrices or from a seeded sketch (strategies/score_change.py), and the
+growth's problem built from the statistics' sums instead of the formed score change: the same problem (up to the
+sketch's reported error), checked against the formed one."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from conftest import DT, anisotropic_X, causal, factors, gen, grad_of, rel_err
 
 from growbench import strategies
-from growbench.strategies import growth
-from growbench.strategies.score_change import SampleGrams, grams_pay
+from growbench.strategies import growth, score_change
+from growbench.strategies.score_change import SampleGrams, SketchedNorms, grams_pay, sketch_pays
 
 
 def _formed_norm(X: torch.Tensor, P: torch.Tensor) -> float:
@@ -149,3 +150,87 @@ def test_a_holdout_growth_takes_the_gram_matrices_its_statistics_kept(monkeypatc
     own = strategies.make(spec).grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
     assert [X_ is None and torch.equal(g, X.mT @ X) for X_, g in made] == [True, True]
     assert kept.lam > 0 and kept.lam == own.lam and torch.equal(kept.dZ, own.dZ)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_sketch_is_within_a_few_of_its_standard_errors_of_the_formed_norm(seed):
+    X = anisotropic_X(64, 48, 16, cond=1e2, seed=seed)
+    P = _ill_placed_direction(X, seed=seed + 10)
+    exact = _formed_norm(X, P)
+    estimate, error = SketchedNorms(X).score_change_norm(P, with_error=True)
+    assert 0 < float(error) < 0.05
+    assert abs(float(estimate) / exact - 1) <= 4 * float(error)
+
+
+def test_the_sketch_of_the_square_is_unbiased():
+    # Over independent probes the estimates of ‖X P Xᵀ‖² average to the formed one, within their own spread.
+    X = anisotropic_X(4, 24, 8, cond=10.0, seed=2)
+    P = torch.randn(8, 8, generator=gen(3), dtype=DT)
+    squares = torch.tensor([float(SketchedNorms(X, probes=4, seed=seed).score_change_norm(P)) ** 2
+                            for seed in range(400)], dtype=DT)
+    exact = _formed_norm(X, P) ** 2
+    assert abs(float(squares.mean()) - exact) <= 4 * float(squares.std()) / math.sqrt(len(squares))
+
+
+def test_its_reported_error_is_the_spread_of_its_estimates():
+    # The standard error one estimate reports is the spread of the estimates over the probes' seeds.
+    X = anisotropic_X(16, 24, 8, cond=10.0, seed=4)
+    P = torch.randn(8, 8, generator=gen(5), dtype=DT)
+    estimates = torch.tensor([float(SketchedNorms(X, seed=seed).score_change_norm(P)) for seed in range(300)],
+                             dtype=DT)
+    reported = float(SketchedNorms(X).score_change_norm(P, with_error=True)[1])
+    assert float(estimates.std() / estimates.mean()) == pytest.approx(reported, rel=0.35)
+
+
+def test_the_sketch_is_reproducible_and_leaves_the_global_random_stream_alone():
+    X = anisotropic_X(8, 20, 6, cond=10.0, seed=6).float()
+    P = torch.randn(6, 6, generator=gen(7), dtype=DT).float()
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    first = SketchedNorms(X).score_change_norm(P)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(SketchedNorms(X).score_change_norm(P), first)
+    assert not torch.equal(SketchedNorms(X, seed=1).score_change_norm(P), first)
+    with pytest.raises(ValueError, match="at least 2 probes"):
+        SketchedNorms(X, probes=1)
+
+
+@pytest.mark.parametrize("exponent", [-60, 40])
+def test_the_sketch_keeps_float32s_range_at_extreme_magnitudes(exponent):
+    X = anisotropic_X(8, 12, 5, cond=10.0, seed=5).float()
+    P = torch.randn(5, 5, generator=gen(6), dtype=DT).float()
+    base = float(SketchedNorms(X).score_change_norm(P))
+    big = float(SketchedNorms(X * 2.0**exponent).score_change_norm(P))
+    assert big == pytest.approx(base * 2.0 ** (2 * exponent), rel=1e-5)
+
+
+def test_the_sketch_pays_only_where_it_costs_at_most_half_the_exact_norm():
+    assert sketch_pays(torch.zeros(256, 128, 64), None)  # the sweep's widths: a fifth of the traces
+    assert sketch_pays(torch.zeros(256, 128, 256), None)
+    assert sketch_pays(torch.zeros(16, 1024, 1024), None)
+    assert not sketch_pays(torch.zeros(256, 128, 64), causal(128))  # no probe leaves masked entries out
+    assert not sketch_pays(torch.zeros(8, 16, 6), None)  # small: the exact norm costs about as much
+    assert not sketch_pays(torch.zeros(2, 128, 64), None)  # few samples: many probes each
+    assert score_change.sketch_probes(256) == score_change.SKETCH_PROBES
+    assert score_change.sketch_probes(16) * 16 == score_change.SKETCH_MIN_PROBES
+
+
+@pytest.mark.parametrize("spec", ["gram/ridge/full+metric/normal+holdout+shrink:bracket",
+                                  "gram/ridge/full+metric/normal+shrink:bracket"])
+def test_a_growth_with_a_sketched_norm_takes_the_exact_norms_step(spec, monkeypatch):
+    # Where the sketch pays, the growth's unit of λ comes from it, and the step is the exact norm's up to that
+    # unit: λ moves by the norm's ratio, the step itself (a point on the same path) by the search's tolerance.
+    X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=17, b=32, d_s=128, d_e=64, d_k=4)
+    assert sketch_pays(X, None)
+    grow = strategies.make(spec).grow
+    sketched = grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
+    monkeypatch.setattr(growth, "sketch_pays", lambda X, mask: False)
+    exact = grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
+    error = sketched.info["norm_sketch_rel_se"]
+    assert sketched.info["norm_sketch_probes"] == 32 * score_change.sketch_probes(32)
+    assert "norm_sketch_rel_se" not in exact.info
+    assert 0 < error < 0.05 and exact.lam > 0  # a batch of little rank: 3 %, the sweep's teacher 0.1 %
+    assert sketched.lam == pytest.approx(exact.lam, rel=4 * error)
+    assert rel_err(sketched.dZ, exact.dZ) < 0.01
+    loss0 = sketched.loss_before
+    assert loss0 - sketched.loss_after == pytest.approx(loss0 - exact.loss_after, rel=0.02)

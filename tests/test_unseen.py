@@ -181,6 +181,32 @@ def test_the_share_on_the_subspace_the_truncation_finds():
     assert full == pytest.approx(1 - energy[0] / energy[1], rel=1e-6)
 
 
+@pytest.mark.parametrize("cond", [1.0, 30.0, 1e3])
+def test_the_share_in_a_metric_is_the_share_of_the_whitened_halves(cond):
+    # Brute force: whiten every half with the symmetric square root E[A]^{1/2} (not the metric's Cholesky factor),
+    # take the top subspace of the whitened sum by a full SVD, and score the projected halves.
+    from growbench.strategies.truncation import Metric
+
+    d, r = 24, 5
+    X = anisotropic_X(96, 1, d, cond=cond, seed=11).reshape(96, d)
+    A = X.mT @ X / 96
+    w, Q = torch.linalg.eigh(A)
+    root = Q @ torch.diag(w.sqrt()) @ Q.mT
+    S = torch.randn(d, r, generator=gen(12), dtype=DT) @ torch.randn(r, d, generator=gen(13), dtype=DT)
+    E = 3 * torch.randn(d, d, generator=gen(14), dtype=DT)
+    M_halves, P_halves = (S + E, S - 0.5 * E), (S + 0.5 * E, S - E)
+    Y_a, Y_b = (root @ P @ root for P in P_halves)
+    N_a, N_b = (torch.linalg.solve(root, torch.linalg.solve(root, M).mT).mT for M in M_halves)
+    U, _, Vh = torch.linalg.svd(Y_a + Y_b)
+    Pi_U, Pi_V = U[:, :r] @ U[:, :r].mT, Vh[:r].mT @ Vh[:r]
+
+    def proj(T):
+        return Pi_U @ T @ Pi_V
+
+    expected = float(2 * ((N_a * proj(Y_b)).sum() + (N_b * proj(Y_a)).sum()) / ((N_a + N_b) * proj(Y_a + Y_b)).sum())
+    assert signal_share(M_halves, P_halves, r, Metric(A)) == pytest.approx(expected, rel=1e-9)
+
+
 @pytest.mark.parametrize("magnitude", [1.0, 2.0**140, 2.0**-140])
 def test_the_share_in_float32_is_the_float64_share_at_any_magnitude(magnitude):
     # The estimate runs in the inputs' precision: float32 halves with a metric give the float64 share to float32's
