@@ -85,6 +85,8 @@ class StepContext:
         ``loss_of_scores`` (counted, inside ``grow``).
     Z : Tensor
         ``c W_Q W_Kᵀ``, ``(d_e, d_e)``.
+    Z_factors : (Tensor, Tensor) or None
+        ``(c W_Q, W_K)``, ``(d_e, d_k)`` each, where known: what a metric whitens ``Z`` through.
     S0 : Tensor
         The current scores, ``(b, d_s, d_s)``.
     loss0 : float
@@ -151,6 +153,7 @@ class StepContext:
     M_heldout: Tensor | None = None
     norms: SampleGrams | SketchedNorms | None = None
     attention0: Tensor | None = None
+    Z_factors: tuple[Tensor, Tensor] | None = None
 
 
 class Strategy(ABC):
@@ -462,7 +465,7 @@ def start_step(
                              "inputs or the factors")
         raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
     ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
-                      g_scale=g_scale, x_max=x_max, attention0=attention0)
+                      g_scale=g_scale, x_max=x_max, attention0=attention0, Z_factors=(scale * W_Q, W_K))
     _host_reads(ctx, 1 if scores is None else 2)  # the magnitudes, the given scores' check (loss calls: at the end)
     if g_scale != 1.0:
         ctx.info["g_scale"] = g_scale
@@ -920,7 +923,12 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
         ctx.log.append("direction: X P Xᵀ = 0 (G has no component any dZ can reach); λ = 0")
         return None
     slope = slope / norm * ctx.g_scale
-    penalty = _optimism(strategy, stats, halves, rank, metric, slope, ctx) if shrink else 0.0
+    # The split-half estimate and the search's path both whiten the direction: once, here.
+    P_whitened = None
+    if shrink and halves is not None and metric is not None:
+        with section("split-half estimate"):
+            P_whitened = metric.whiten(P)
+    penalty = _optimism(strategy, stats, halves, rank, metric, slope, ctx, P_whitened) if shrink else 0.0
     loss, S0 = ctx.loss, ctx.S0
     held = ctx.heldout_samples
     if held is not None:
@@ -936,7 +944,9 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
         loss=loss, X=X_moved, Z=ctx.Z, P_hat=P_hat, S0=S0,
         D_hat=D_moved.div_(norm) if D_moved is not None else lambda: _masked(X_moved @ P_hat @ X_moved.mT, mask_moved),
         loss0=ctx.loss0, truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope + penalty,
-        timings=ctx.timings, penalty=penalty, along=strategy.truncation.along(ctx.Z, P_hat, rank, metric),
+        timings=ctx.timings, penalty=penalty,
+        along=strategy.truncation.along(ctx.Z, P_hat, rank, metric, Z_factors=ctx.Z_factors,
+                                        P_whitened=None if P_whitened is None else P_whitened / norm),
     )
 
 
@@ -1039,9 +1049,10 @@ def _score_change_norms(ctx: StepContext) -> SampleGrams | SketchedNorms | None:
 
 
 def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor, Tensor] | None, rank: int,
-              metric: Metric | None, slope: float, ctx: StepContext) -> float:
+              metric: Metric | None, slope: float, ctx: StepContext, P_whitened: Tensor | None = None) -> float:
     """``κ = (1 − s) |φ'(0)|``: the in-sample slope's optimism, with ``s`` the split-half signal share of the
-    direction on its truncation subspace (:func:`strategies.signal.signal_share`, clamped to [0, 1]).
+    direction on its truncation subspace (:func:`strategies.signal.signal_share`, clamped to [0, 1]);
+    ``P_whitened`` is the direction in the metric, where the caller made it.
 
     A share that cannot be estimated (a formula that does not split, an in-sample slope that is not a descent)
     counts as no signal only in the second case; the first leaves λ unshrunk and says so in ``ctx.log``.
@@ -1050,7 +1061,8 @@ def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor,
         ctx.log.append(f"shrink: {strategy.averaging.name} cannot split its direction into halves; λ not shrunk")
         return 0.0
     with section("split-half estimate"):
-        share = signal_share(stats.half_sums(), halves, rank, metric, strategy.truncation.top_subspace)
+        share = signal_share(stats.half_sums(), halves, rank, metric, strategy.truncation.top_subspace,
+                             whitened_direction=P_whitened)
     ctx.info["signal_share"] = share
     ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + 1
     kept = min(max(share, 0.0), 1.0) if math.isfinite(share) else 0.0

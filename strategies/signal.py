@@ -41,7 +41,8 @@ LOW_RANK_ABOVE = 1024
 
 def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple[Tensor, Tensor], rank: int,
                  metric: Metric | None = None,
-                 top_subspace: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None) -> float:
+                 top_subspace: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None,
+                 whitened_direction: Tensor | None = None) -> float:
     """The split-half estimate of the share of the in-sample slope of ``P = P_a + P_b`` that is not optimism.
 
     Parameters
@@ -59,6 +60,9 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
         (:meth:`strategies.truncation.Truncation.top_subspace`: a randomised truncation's sketch costs a
         fraction of a full SVD at d_e in the hundreds). Default: a full SVD up to :data:`LOW_RANK_ABOVE`, a
         seeded sketch above.
+    whitened_direction : Tensor, optional
+        ``Lᵀ (P_a + P_b) L`` in any positive scale (only its top subspace is used), where the caller has it; by
+        default made here (``P_a + P_b`` itself without a metric).
 
     Returns
     -------
@@ -69,7 +73,10 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
     dtype = metric.L.dtype if metric is not None else torch.promote_types(*(t.dtype for t in direction_halves))
     M_a, M_b = _in_range(gradient_halves, dtype)
     P_a, P_b = _in_range(direction_halves, dtype)
-    Y = metric.whiten(P_a + P_b) if metric is not None else P_a + P_b
+    if whitened_direction is not None:
+        Y = whitened_direction.to(dtype)
+    else:
+        Y = metric.whiten(P_a + P_b) if metric is not None else P_a + P_b
     if top_subspace is None:  # a wide matrix's by the rsvd truncation's seeded sketch
         top_subspace = (FullSVD() if Y.shape[-1] <= LOW_RANK_ABOVE else RandomizedSVD()).top_subspace
     U, V = top_subspace(Y, rank)

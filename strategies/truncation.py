@@ -83,6 +83,11 @@ class Metric:
         """``Lᵀ Y L``, ``(d_e, d_e)``."""
         return self.L.mT @ Y @ self.L
 
+    def whiten_factors(self, A: Tensor, B: Tensor) -> Tensor:
+        """``Lᵀ (A Bᵀ) L`` for factors ``A, B (d_e, k)``: ``(Lᵀ A)(Lᵀ B)ᵀ``, two ``(d_e, d_e, k)`` products in place
+        of two ``(d_e, d_e, d_e)`` ones."""
+        return (self.L.mT @ A) @ (self.L.mT @ B).mT
+
     def dual_whiten(self, M: Tensor) -> Tensor:
         """``L⁻¹ M L⁻ᵀ``, ``(d_e, d_e)``: a gradient in the whitened basis, so that ``⟨L⁻¹ M L⁻ᵀ, Lᵀ P L⟩ = ⟨M, P⟩``."""
         if self._triangular:
@@ -135,8 +140,9 @@ class Truncation(ABC):
                 return self._svd(Y, rank)
             return self._unwhitened(self._svd(metric.whiten(Y), rank), metric)
 
-    def along(self, Z: Tensor, P_hat: Tensor, rank: int,
-              metric: Metric | None = None) -> Callable[[Tensor | float], tuple[Tensor, Tensor, Tensor]]:
+    def along(self, Z: Tensor, P_hat: Tensor, rank: int, metric: Metric | None = None, *,
+              Z_factors: tuple[Tensor, Tensor] | None = None,
+              P_whitened: Tensor | None = None) -> Callable[[Tensor | float], tuple[Tensor, Tensor, Tensor]]:
         """``λ ↦ T_rank(Z − λ P̂)`` (in the metric where one is given), for the trials of one line search.
 
         The metric's whitening ``Lᵀ Y L`` is linear in ``Y``: ``Z`` and ``P̂`` are whitened once, and each trial
@@ -151,6 +157,11 @@ class Truncation(ABC):
             Rank kept.
         metric : Metric, optional
             The inputs' metric (``+metric``).
+        Z_factors : (Tensor, Tensor), optional
+            ``(A, B)`` with ``Z = A Bᵀ``, ``(d_e, d_k)`` each: ``Z`` is whitened through them
+            (:meth:`Metric.whiten_factors`).
+        P_whitened : Tensor, optional
+            ``Lᵀ P̂ L`` where the caller whitened the direction already (the split-half estimate does).
 
         Returns
         -------
@@ -164,7 +175,8 @@ class Truncation(ABC):
         def truncate(lam: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
             with section("truncation"):
                 if not whitened:  # on the first trial: a search that makes none pays nothing
-                    whitened.extend((metric.whiten(Z), metric.whiten(P_hat)))
+                    whitened.extend((metric.whiten(Z) if Z_factors is None else metric.whiten_factors(*Z_factors),
+                                     metric.whiten(P_hat) if P_whitened is None else P_whitened))
                 Z_w, P_w = whitened
                 Y = torch.add(Z_w, P_w, alpha=-lam) if isinstance(lam, float) else Z_w - lam * P_w
                 return self._unwhitened(self._svd(Y, rank), metric)

@@ -124,6 +124,26 @@ def test_rsvd_same_seed_same_result_and_global_rng_untouched():
     assert not torch.equal(product(*a), product(*c))
 
 
+@pytest.mark.parametrize("kind", ["full", "rsvd"])
+def test_a_path_whitened_from_zs_factors_and_a_given_direction_is_the_same_path(kind):
+    # Z = A Bᵀ whitened through its factors, and P̂ whitened by the caller: no (d, d) whitening on the path, and
+    # the same truncated steps as the path that whitens both itself.
+    d, rank, k = 9, 3, 2
+    A, B = (torch.randn(d, k, generator=gen(seed), dtype=DT) for seed in (21, 22))
+    P = torch.randn(d, d, generator=gen(23), dtype=DT)
+    m = strategies.Metric(covariance(d, 1e3, seed=24))
+    trunc = FULL(metric=True) if kind == "full" else RSVD(metric=True, oversample=d)
+    assert rel_err(m.whiten_factors(A, B), m.whiten(A @ B.T)) < 1e-12
+    given = trunc.along(A @ B.T, P, rank, m, Z_factors=(A, B), P_whitened=m.whiten(P))
+    whiten = m.whiten
+    m.whiten = lambda Y: pytest.fail("whitened a (d, d) matrix on a path given its whitened inputs")
+    steps = [product(*given(lam)) for lam in (0.0, 0.03, 0.4, 2.5)]
+    m.whiten = whiten
+    own = trunc.along(A @ B.T, P, rank, m)
+    for lam, step in zip((0.0, 0.03, 0.4, 2.5), steps, strict=True):
+        assert rel_err(step, product(*own(lam))) < 1e-10, lam
+
+
 @pytest.mark.parametrize("metric", [False, True])
 @pytest.mark.parametrize("kind", ["full", "rsvd"])
 def test_truncation_along_a_path_is_the_truncation_of_each_step(kind, metric):

@@ -205,6 +205,9 @@ def test_the_share_in_a_metric_is_the_share_of_the_whitened_halves(cond):
 
     expected = float(2 * ((N_a * proj(Y_b)).sum() + (N_b * proj(Y_a)).sum()) / ((N_a + N_b) * proj(Y_a + Y_b)).sum())
     assert signal_share(M_halves, P_halves, r, Metric(A)) == pytest.approx(expected, rel=1e-9)
+    # The caller's whitened direction, in any scale, serves for the top subspace.
+    given = 3.0 * Metric(A).whiten(P_halves[0] + P_halves[1])
+    assert signal_share(M_halves, P_halves, r, Metric(A), whitened_direction=given) == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize("magnitude", [1.0, 2.0**140, 2.0**-140])
