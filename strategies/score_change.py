@@ -37,6 +37,10 @@ SKETCH_MIN_PROBES = 256
 SKETCH_SHARE = 0.5
 #: Seed of the probes: the same batch gives the same estimate in every growth.
 SKETCH_SEED = 0
+#: Multiply-adds of the cheaper exact norm over the batch (per direction) under which it is kept whatever the
+#: sketch's share: about 1.5 ms on one CPU core (2^26). Below it an estimate would trade the exact unit of λ for
+#: fractions of a millisecond (the quick sweep's batches need a few million).
+SKETCH_MIN_WORK = 2**26
 
 
 def grams_pay(X: Tensor, mask: Tensor | None) -> bool:
@@ -57,7 +61,8 @@ def sketch_probes(b: int) -> int:
 
 def sketch_pays(X: Tensor, mask: Tensor | None) -> bool:
     """Whether :class:`SketchedNorms` costs at most :data:`SKETCH_SHARE` of the cheaper exact way to ``‖X P Xᵀ‖``
-    for the unmasked batch ``X`` ``(b, d_s, d_e)``.
+    for the unmasked batch ``X`` ``(b, d_s, d_e)``, where that way is work enough to matter
+    (:data:`SKETCH_MIN_WORK`).
 
     Per sample and direction: ``2 k (d_e² + 2 d_s d_e)`` with the probes' own product against
     ``min(2 d_s d_e (d_s + d_e), 4 d_e³)`` (the formed score change, or the traces with Gram matrices the statistics
@@ -67,7 +72,8 @@ def sketch_pays(X: Tensor, mask: Tensor | None) -> bool:
         return False
     b, d_s, d_e = X.shape
     exact = min(2 * d_s * d_e * (d_s + d_e), 4 * d_e**3)
-    return 2 * sketch_probes(b) * (d_e * d_e + 2 * d_s * d_e) <= SKETCH_SHARE * exact
+    return (b * exact >= 2 * SKETCH_MIN_WORK
+            and 2 * sketch_probes(b) * (d_e * d_e + 2 * d_s * d_e) <= SKETCH_SHARE * exact)
 
 
 class SketchedNorms:

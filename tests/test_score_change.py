@@ -210,7 +210,8 @@ def test_the_sketch_pays_only_where_it_costs_at_most_half_the_exact_norm():
     assert sketch_pays(torch.zeros(16, 1024, 1024), None)
     assert not sketch_pays(torch.zeros(256, 128, 64), causal(128))  # no probe leaves masked entries out
     assert not sketch_pays(torch.zeros(8, 16, 6), None)  # small: the exact norm costs about as much
-    assert not sketch_pays(torch.zeros(2, 128, 64), None)  # few samples: many probes each
+    assert not sketch_pays(torch.zeros(64, 32, 32), None)  # cheaper, but the exact norm takes microseconds
+    assert not sketch_pays(torch.zeros(127, 128, 64), None) and sketch_pays(torch.zeros(128, 128, 64), None)
     assert score_change.sketch_probes(256) == score_change.SKETCH_PROBES
     assert score_change.sketch_probes(16) * 16 == score_change.SKETCH_MIN_PROBES
 
@@ -220,14 +221,14 @@ def test_the_sketch_pays_only_where_it_costs_at_most_half_the_exact_norm():
 def test_a_growth_with_a_sketched_norm_takes_the_exact_norms_step(spec, monkeypatch):
     # Where the sketch pays, the growth's unit of λ comes from it, and the step is the exact norm's up to that
     # unit: λ moves by the norm's ratio, the step itself (a point on the same path) by the search's tolerance.
-    X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=17, b=32, d_s=128, d_e=64, d_k=4)
+    X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=17, b=256, d_s=128, d_e=64, d_k=4)
     assert sketch_pays(X, None)
     grow = strategies.make(spec).grow
     sketched = grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
     monkeypatch.setattr(growth, "sketch_pays", lambda X, mask: False)
     exact = grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
     error = sketched.info["norm_sketch_rel_se"]
-    assert sketched.info["norm_sketch_probes"] == 32 * score_change.sketch_probes(32)
+    assert sketched.info["norm_sketch_probes"] == 256 * score_change.SKETCH_PROBES
     assert "norm_sketch_rel_se" not in exact.info
     assert 0 < error < 0.05 and exact.lam > 0  # a batch of little rank: 3 %, the sweep's teacher 0.1 %
     assert sketched.lam == pytest.approx(exact.lam, rel=4 * error)
