@@ -1023,16 +1023,20 @@ def _numbers_from_sums(ctx: StepContext, P: Tensor, finite_t: Tensor,
             return None
     P = P / pow2_scale(P)
     slope_t = -torch.sum(gradient * P)
-    if isinstance(ctx.norms, SketchedNorms):
+    sketched = isinstance(ctx.norms, SketchedNorms)
+    if sketched:
         norm_t, error_t = ctx.norms.score_change_norm(P, with_error=True)
         numbers = _read(ctx, finite_t, norm_t, slope_t, n_entries_t, error_t)
         numbers, error = numbers[:4], numbers[4]
-        ctx.info["norm_sketch_probes"] = ctx.norms.k * ctx.X.shape[0]
-        ctx.info["norm_sketch_rel_se"] = max(error, ctx.info.get("norm_sketch_rel_se", 0.0))
     else:
         numbers = _read(ctx, finite_t, ctx.norms.score_change_norm(P), slope_t, n_entries_t)
     finite, norm, slope, _ = numbers
-    return (P, None, numbers) if finite and math.isfinite(norm) and norm > 0 and math.isfinite(slope) else None
+    if not (finite and math.isfinite(norm) and norm > 0 and math.isfinite(slope)):
+        return None
+    if sketched:  # recorded for the directions the unit came from
+        ctx.info["norm_sketch_probes"] = ctx.norms.k * ctx.X.shape[0]
+        ctx.info["norm_sketch_rel_se"] = max(error, ctx.info.get("norm_sketch_rel_se", 0.0))
+    return P, None, numbers
 
 
 def _score_change_norms(ctx: StepContext) -> SampleGrams | SketchedNorms | None:

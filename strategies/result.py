@@ -46,6 +46,8 @@ class GrowthResult:
         the step's loss before a half-precision input's rounding; ``host_syncs``, every number the
         growth read on the host (a synchronisation each on a GPU); ``statistics_tokens``,
         ``tokens_per_d_e2`` and ``statistics_batches``, the statistics behind the step;
+        ``norm_sketch_probes`` and ``norm_sketch_rel_se`` where the unit of λ came from a sketched
+        ``‖X P Xᵀ‖`` (:class:`strategies.score_change.SketchedNorms`): its probes and relative standard error;
         ``profile``, the growth section by section (:class:`strategies.timing.Profile`:
         ``{"ms": {section: ms}, "calls": {...}, "loss_call_ms": [...], "total_ms": ...}``). The
         ``default`` preset adds ``default_regime``, ``default_evidence`` (one line: the regime's

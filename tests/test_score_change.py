@@ -235,3 +235,14 @@ def test_a_growth_with_a_sketched_norm_takes_the_exact_norms_step(spec, monkeypa
     assert rel_err(sketched.dZ, exact.dZ) < 0.01
     loss0 = sketched.loss_before
     assert loss0 - sketched.loss_after == pytest.approx(loss0 - exact.loss_after, rel=0.02)
+
+
+def test_a_zero_direction_where_the_sketch_pays_records_no_estimate_and_takes_no_step():
+    # G = 0: P = 0, the sketch's estimate is 0 and unusable; the formed score change decides (and says so), and no
+    # estimate is recorded for a unit no step used.
+    X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=19, b=256, d_s=128, d_e=64, d_k=4)
+    assert sketch_pays(X, None)
+    r = strategies.make("gram/ridge/full+metric/normal+shrink:bracket").grow(
+        W_Q, W_K, X, torch.zeros_like(G), p=2, loss_of_scores=loss, scale=c)
+    assert r.lam == 0 and "norm_sketch_rel_se" not in r.info
+    assert any("X P Xᵀ = 0" in line for line in r.fallback), r.fallback
