@@ -88,14 +88,6 @@ class Metric:
         of two ``(d_e, d_e, d_e)`` ones."""
         return (self.L.mT @ A) @ (self.L.mT @ B).mT
 
-    def dual_whiten(self, M: Tensor) -> Tensor:
-        """``L⁻¹ M L⁻ᵀ``, ``(d_e, d_e)``: a gradient in the whitened basis, so that ``⟨L⁻¹ M L⁻ᵀ, Lᵀ P L⟩ = ⟨M, P⟩``."""
-        if self._triangular:
-            left = torch.linalg.solve_triangular(self.L, M, upper=False)
-            return torch.linalg.solve_triangular(self.L, left.mT, upper=False).mT
-        Vt = self._V.mT / self._sqrt_w.unsqueeze(-1)  # L⁻¹ = diag(1/√w) Vᵀ
-        return Vt @ M @ Vt.mT
-
     def unwhiten(self, U: Tensor) -> Tensor:
         """``L^{-T} U`` for ``U (d_e, r)``: factors of a whitened matrix back to the original basis."""
         if self._triangular:
