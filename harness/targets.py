@@ -16,7 +16,7 @@ import torch
 
 from growbench import strategies
 from growbench.harness.measure import RunConfig, measure, site_of, step_quality
-from growbench.harness.runner.sweep import CPU_MAX_SCALE, SCALE_CANDIDATES, SCALE_SET, run_spec
+from growbench.harness.runner.sweep import CPU_MAX_SCALE, SCALE_SET, run_spec, scale_candidates, scale_dataset
 from growbench.strategies.timing import synchronize
 
 #: The least path efficiency the scale targets ask of the default at every width (issue 10).
@@ -131,17 +131,18 @@ def statistics_scaling(repeats: int, device: str) -> dict:
 
 
 def scale_rows(device: str, repeats: int, cache_dir: str | None, widths: list[int] | None = None,
-               candidates: list[str] = SCALE_CANDIDATES) -> pd.DataFrame:
-    """Every candidate at every width of the scale set (teacher, a barely trained student): time against
-    the floor, path efficiency, optimality, held-out decreases and peak memory, one row per (width, candidate)."""
+               candidates: list[str] | None = None) -> pd.DataFrame:
+    """Every candidate (default: :func:`~harness.runner.sweep.scale_candidates` of the width) at every width of the
+    scale set (teacher, a barely trained student): time against the floor, path efficiency, optimality, held-out
+    decreases and peak memory, one row per (width, candidate)."""
     if widths is None:
         widths = [d for d in SCALE_SET if device == "cuda" or d <= CPU_MAX_SCALE]
     rows = []
     for d_e in widths:
         b, d_s, d_k, p = SCALE_SET[d_e]
-        for name in candidates:
-            cfg = RunConfig(strategy=run_spec(name, device, d_e), dataset="teacher", d_s=d_s, d_e=d_e, b=b, d_k=d_k,
-                            p=p, n_batches=1, repeats=repeats, warmup_steps=20, device=device)
+        for name in candidates or scale_candidates(d_e):
+            cfg = RunConfig(strategy=run_spec(name, device, d_e), dataset=scale_dataset(d_e), d_s=d_s, d_e=d_e, b=b,
+                            d_k=d_k, p=p, n_batches=1, repeats=repeats, warmup_steps=20, device=device)
             m = measure(cfg, cache_dir)
             if name == "default":
                 print("  " + profile_line(f"default profile d_e={d_e}", _profile_of(m), m["t_floor"], m["host_syncs"]),
@@ -174,8 +175,8 @@ def sketch_rows(device: str, cache_dir: str | None, widths: list[int] | None = N
     rows = []
     for d_e in widths:
         b, d_s, d_k, p = SCALE_SET[d_e]
-        cfg = RunConfig(strategy="gram/solve/full+metric/normal:bracket", dataset="teacher", d_s=d_s, d_e=d_e, b=b,
-                        d_k=d_k, p=p, n_batches=1, repeats=1, warmup_steps=20, device=device)
+        cfg = RunConfig(strategy="gram/solve/full+metric/normal:bracket", dataset=scale_dataset(d_e), d_s=d_s,
+                        d_e=d_e, b=b, d_k=d_k, p=p, n_batches=1, repeats=1, warmup_steps=20, device=device)
         site = site_of(cfg, cache_dir)
         steps = {"full SVD": strategies.make(cfg.strategy)}
         steps.update({f"rsvd {over}/{n_iter}": strategies.make("gram/solve/rsvd+metric/normal:bracket",

@@ -286,6 +286,34 @@ def test_teacher_batches_computed_on_cuda_are_the_cpu_batches_up_to_rounding() -
     assert ds.teacher.W_O.device.type == "cpu"  # the original stays: the student copies its values from it
 
 
+def test_the_teachers_device_draw_changes_nothing_on_the_cpu() -> None:
+    plain = make_dataset("teacher", d_e=16, d_s=8, seed=3)
+    drawn = make_dataset("teacher:device_draw=true", d_e=16, d_s=8, seed=3).compute_on("cpu")
+    assert drawn.options()["device_draw"] is True and plain.options()["device_draw"] is False
+    for split, index in (("train", 1), ("test", 5)):
+        for got, want in zip(drawn.batch(4, split, index), plain.batch(4, split, index), strict=True):
+            assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_teachers_device_draw_is_a_reproducible_draw_of_the_same_distribution() -> None:
+    def batch(seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return make_dataset("teacher:device_draw=true", d_e=32, d_s=8, seed=seed).compute_on("cuda").batch(
+            2000, "train", index)
+
+    X, Y = batch(1, 0)
+    assert X.is_cuda and Y.is_cuda
+    for got, again in zip((X, Y), batch(1, 0), strict=True):
+        assert torch.equal(got, again)
+    assert not torch.equal(X, batch(1, 1)[0]) and not torch.equal(X, batch(2, 0)[0])
+    cpu = make_dataset("teacher", d_e=32, d_s=8, seed=1)
+    assert not torch.allclose(X.cpu(), cpu.batch(2000, "train", 0)[0])  # the GPU generator's values, not the CPU's
+    emp = torch.cov(X.double().reshape(-1, 32).T).cpu()
+    torch.testing.assert_close(emp, cpu.covariance, atol=0.03, rtol=0)
+    # The targets are the teacher's outputs on the device's draw (computed there in float64).
+    torch.testing.assert_close(Y.cpu(), cpu.teacher(X.cpu().double()).float(), rtol=1e-5, atol=1e-6)
+
+
 def test_reference_problem_is_the_documented_teacher_student_capture() -> None:
     """Inputs from ``seed``, teacher from ``seed + 1``, the teacher's values and output, and a consistent capture."""
     pb = teacher_mod.reference_problem(b=4, d_s=6, d_e=8, d_k=2, teacher_d_k=3, cond=10.0, causal=True, seed=5,

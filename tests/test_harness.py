@@ -164,7 +164,7 @@ def test_cli_list_json_and_unknown_names(tmp_path, capsys):
     assert {"presets", "strategies", "datasets", "sweep_presets"} <= set(data)
     assert set(data["datasets"]) == {"teacher", "icl-regression", "digits", "text", "minilm-recovery",
                                      "minilm-similarity", "smollm-recovery", "smollm-lm"}
-    assert set(data["sweep_presets"]) == {"smoke", "quick", "thorough", "objective-tokens", "gpu", "full"}
+    assert set(data["sweep_presets"]) == {"smoke", "quick", "thorough", "objective-tokens", "gpu", "gpu-scale", "full"}
     for bad, valid in ((["--preset", "huge"], "smoke"), (["--datasets", "mnist"], "teacher"),
                        (["--strategies", "fomula1"], "formula1")):
         assert cli_main(["run", *bad, "--db", str(tmp_path / "x.sqlite"), "--no-progress"]) == 2
@@ -205,5 +205,52 @@ def test_gpu_preset_is_the_quick_ablation_plus_the_scale_set_on_cuda():
     # The scale set's runs: one batch of statistics on a barely trained student (the tokens study's one-batch runs
     # are fully trained).
     widths = {c.d_e: (c.b, c.d_s, c.d_k, c.p) for c in gpu
-              if c.dataset == "teacher" and c.n_batches == 1 and c.warmup_steps == 20}
+              if c.dataset.startswith("teacher") and c.n_batches == 1 and c.warmup_steps == 20}
     assert widths == SCALE_SET
+    scale = {(c.strategy, c.dataset, c.d_e, c.seed) for c in gpu
+             if c.dataset.startswith("teacher") and c.n_batches == 1 and c.warmup_steps == 20}
+    assert scale == {(c.strategy, c.dataset, c.d_e, c.seed) for c in expand(presets["gpu-scale"])}
+
+
+def test_the_scale_set_above_the_cpus_widths_draws_on_the_device_without_the_full_svds_newton():
+    from growbench.harness.runner.sweep import (
+        CPU_MAX_SCALE,
+        SCALE_CANDIDATES,
+        SCALE_SET,
+        expand,
+        scale_candidates,
+        scale_dataset,
+        sweep_presets,
+    )
+
+    newton = "gram/solve/full+metric/normal:newton"
+    for d_e in SCALE_SET:
+        wide = d_e > CPU_MAX_SCALE
+        assert scale_dataset(d_e) == ("teacher:device_draw=true" if wide else "teacher")
+        assert (newton in scale_candidates(d_e)) is not wide
+        assert set(scale_candidates(d_e)) | {newton} == set(SCALE_CANDIDATES)
+    runs = expand(sweep_presets()["gpu-scale"])
+    assert {c.seed for c in runs} == {0, 1, 2} and {c.device for c in runs} == {"cuda"}
+    assert {(c.d_e, c.dataset) for c in runs} == {(d, scale_dataset(d)) for d in SCALE_SET}
+    assert not any(c.strategy == newton and c.d_e > CPU_MAX_SCALE for c in runs)
+
+
+def test_targets_scale_rows_measure_the_sweeps_scale_set(monkeypatch):
+    from growbench.harness import targets
+    from growbench.harness.runner.sweep import SCALE_SET, scale_candidates, scale_dataset
+
+    seen = []
+
+    def fake_measure(cfg, cache_dir):
+        seen.append(cfg)
+        return {k: 1.0 for k in ("t_total", "t_floor", "path_efficiency", "optimality", "heldout_decrease",
+                                 "heldout_decrease_at_scan_best", "n_loss_evals", "host_syncs", "peak_mem_bytes")} | {
+            "fallback": None}
+
+    monkeypatch.setattr(targets, "measure", fake_measure)
+    rows = targets.scale_rows("cuda", 1, None)
+    assert list(dict.fromkeys(c.d_e for c in seen)) == list(SCALE_SET)
+    for d_e in SCALE_SET:
+        at = [c for c in seen if c.d_e == d_e]
+        assert {c.dataset for c in at} == {scale_dataset(d_e)}
+        assert list(rows[rows.d_e == d_e].name) == scale_candidates(d_e)

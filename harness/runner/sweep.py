@@ -92,11 +92,27 @@ ABLATION_EXTRAS = ["gram/solve/full+metric/normal:bracket", "gram/solve/full+met
                    "gram/solve/full+metric/normal+shrink:bracket", "gram/ridge/full+metric/normal+damp:bracket"]
 
 
+def scale_dataset(d_e: int) -> str:
+    """The scale set's data set at width ``d_e``: the teacher, drawing its inputs on the run's device above
+    :data:`CPU_MAX_SCALE` (``device_draw``: a site at d_e = 4096 otherwise spends minutes in the CPU's generator
+    before its first growth; no CPU run is planned there, so no CPU run loses its twin)."""
+    return "teacher:device_draw=true" if d_e > CPU_MAX_SCALE else "teacher"
+
+
+def scale_candidates(d_e: int) -> list[str]:
+    """The scale set's candidates at width ``d_e``: above :data:`CPU_MAX_SCALE` without the full SVD's Newton
+    search, whose trials each take a full SVD of a ``(d_e, d_e)`` matrix (11× its floor at d_e = 1024 on the
+    CPU, 2.5 s a growth on an H100): at 4096 one growth would take minutes of a 15-minute lease."""
+    if d_e <= CPU_MAX_SCALE:
+        return list(SCALE_CANDIDATES)
+    return [c for c in SCALE_CANDIDATES if c != "gram/solve/full+metric/normal:newton"]
+
+
 def scale_grids(devices: list[str], widths: list[int] | None = None, seeds: list[int] | None = None,
                 **kw) -> list[dict]:
     """One grid per width of the scale set (teacher, a barely trained student), for ``devices``."""
     widths = list(SCALE_SET) if widths is None else widths
-    return [dict(strategies=SCALE_CANDIDATES, datasets=["teacher"], d_s=[SCALE_SET[d][1]], d_e=[d],
+    return [dict(strategies=scale_candidates(d), datasets=[scale_dataset(d)], d_s=[SCALE_SET[d][1]], d_e=[d],
                  b=[SCALE_SET[d][0]], d_k=[SCALE_SET[d][2]], p=[SCALE_SET[d][3]], seeds=seeds or [0], devices=devices,
                  n_batches=1, warmup_steps=20, **kw) for d in widths]
 
@@ -244,6 +260,8 @@ def sweep_presets() -> dict[str, list[dict]]:
                 *pretrained_grids(ALL_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5),
                 *decoder_grids(THOROUGH_DECODER_HEADS, ["cuda"], PRETRAINED_STRATEGIES, [0], repeats=5),
                 *statistics_tokens_grids(["cuda"], [1, 16, 64], RULE_SEEDS, [1, 8, 32], PRETRAINED_SEEDS)],
+        # The scale set alone on one GPU, three seeds: the evidence of cuda's medium and large bands, costliest first.
+        "gpu-scale": scale_grids(["cuda"], seeds=[0, 1, 2], repeats=5),
         # Fits the main job's 20 minutes on a busy 2-core machine (docs/results.md): the statistics-tokens study at
         # one and two batches on four seeds (the ablation has four batches), the scaling up to 64.
         "quick": [
