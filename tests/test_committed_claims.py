@@ -133,3 +133,21 @@ def test_every_plain_answer_holds_on_its_per_seed_runs(committed):
         expected = (DO_NOT_GROW if any(h < 0 for h in highs) else GROW if all(lo > 0 for lo in lows) else
                     GROW_WHERE_SHOWN if any(lo > 0 for lo in lows) else NO_EVIDENCE)
         assert answer.verdict == expected, answer.label
+
+
+def test_the_h200_scale_sets_per_seed_table_is_its_runs():
+    """docs/results.md's per-seed held-out gains at d_e = 4096 (the third GPU lease) and the interval it quotes are
+    those of the lease's committed runs."""
+    runs = pd.read_csv(ROOT / "reports/cuda/h200-2026-11-27/runs.csv")
+    runs = runs[(runs.status == "ok") & (runs.d_e == 4096)]
+    gain = (100 * runs.heldout_decrease / runs.heldout_before).groupby([runs.strategy, runs.seed]).first()
+    text = (ROOT / "docs/results.md").read_text()
+    table = text.split("| strategy at d_e = 4096 | seed 0 | seed 1 |")[1].split("\n\n")[0]
+    rows = re.findall(r"^\| `([^`]+)`[^|]* \| ([^|]+) \| ([^|]+) \|$", table, flags=re.M)
+    assert {spec for spec, *_ in rows} == set(gain.index.get_level_values(0))
+    for spec, *cells in rows:
+        for seed, cell in enumerate(cells):
+            quoted = 0.0 if cell.strip().startswith("0 (no step)") else float(cell)
+            assert gain[spec, seed] == pytest.approx(quoted, abs=5e-4), (spec, seed)
+    mean, low, high = _interval(gain["gram/ridge/rsvd+metric/normal:bracket"])
+    assert f"+{mean:.3f} % [{low:.3f}, +{high:.3f}]".replace("-", "−") in text
