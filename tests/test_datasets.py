@@ -310,8 +310,12 @@ def test_the_teachers_device_draw_is_a_reproducible_draw_of_the_same_distributio
     assert not torch.allclose(X.cpu(), cpu.batch(2000, "train", 0)[0])  # the GPU generator's values, not the CPU's
     emp = torch.cov(X.double().reshape(-1, 32).T).cpu()
     torch.testing.assert_close(emp, cpu.covariance, atol=0.03, rtol=0)
-    # The targets are the teacher's outputs on the device's draw (computed there in float64).
-    torch.testing.assert_close(Y.cpu(), cpu.teacher(X.cpu().double()).float(), rtol=1e-5, atol=1e-6)
+    # The draw is the device generator's, seeded like the CPU's for the same batch; the targets are the teacher's
+    # outputs on it (computed in float64 before rounding).
+    seed = cpu._generator("data", "train", 0).initial_seed()
+    X64 = teacher_mod.anisotropic_inputs(2000, 8, cpu._chol.cuda(), torch.Generator(device="cuda").manual_seed(seed))
+    assert torch.equal(X, X64.float())
+    torch.testing.assert_close(Y.cpu(), cpu.teacher(X64.cpu()).float(), rtol=1e-6, atol=1e-7)
 
 
 def test_reference_problem_is_the_documented_teacher_student_capture() -> None:
