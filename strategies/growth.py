@@ -448,7 +448,8 @@ def start_step(
             G = G / g_scale  # exact: a power of two
     with torch.no_grad():
         with section("current scores"):
-            Z = scale * W_Q @ W_K.mT
+            scaled_W_Q = scale * W_Q
+            Z = scaled_W_Q @ W_K.mT
             S0 = current_scores(X, W_Q, W_K, scale) if scores is None else _given_scores(scores, X, W_Q, W_K, scale)
         attention0 = None
         if keep_attention and loss.splits:
@@ -465,7 +466,7 @@ def start_step(
                              "inputs or the factors")
         raise ValueError(f"loss_of_scores returned {loss0} at the current scores: cannot measure a decrease")
     ctx = StepContext(X=X, G=G, mask=mask, loss=loss, Z=Z, S0=S0, loss0=loss0, scale=scale, new_scale=new_scale,
-                      g_scale=g_scale, x_max=x_max, attention0=attention0, Z_factors=(scale * W_Q, W_K))
+                      g_scale=g_scale, x_max=x_max, attention0=attention0, Z_factors=(scaled_W_Q, W_K))
     _host_reads(ctx, 1 if scores is None else 2)  # the magnitudes, the given scores' check (loss calls: at the end)
     if g_scale != 1.0:
         ctx.info["g_scale"] = g_scale
