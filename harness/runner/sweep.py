@@ -79,9 +79,12 @@ SCALE_SET = {64: (256, 128, 8, 8), 256: (64, 256, 16, 16), 768: (32, 512, 32, 32
              4096: (8, 2048, 64, 64)}
 #: Largest width of the scale set measured on CPU (4096 needs a GPU to finish in minutes).
 CPU_MAX_SCALE = 1024
+#: The scale set's one candidate whose every trial takes a full SVD of a ``(d_e, d_e)`` matrix (see
+#: :func:`scale_candidates`).
+FULL_SVD_NEWTON = "gram/solve/full+metric/normal:newton"
 SCALE_CANDIDATES = ["default", "gram/ridge/rsvd+metric/normal+shrink:bracket", "gram/ridge/rsvd+metric/normal:bracket",
                     "gram/solve/rsvd+metric/normal:bracket", "gram/solve/full+metric/fast:quadratic",
-                    "gram/solve/rsvd+metric/fast:quadratic", "gram/solve/full+metric/normal:newton"]
+                    "gram/solve/rsvd+metric/fast:quadratic", FULL_SVD_NEWTON]
 
 #: Added to the quick, gpu and full ablations beside the centre's one-axis neighbourhood: the earlier defaults (the
 #: truncated path's bracket with a plain solve, and the fast path's quadratic), λ on a held-out batch with the
@@ -105,7 +108,7 @@ def scale_candidates(d_e: int) -> list[str]:
     CPU, 2.5 s a growth on an H100): at 4096 one growth would take minutes of a 15-minute lease."""
     if d_e <= CPU_MAX_SCALE:
         return list(SCALE_CANDIDATES)
-    return [c for c in SCALE_CANDIDATES if c != "gram/solve/full+metric/normal:newton"]
+    return [c for c in SCALE_CANDIDATES if c != FULL_SVD_NEWTON]
 
 
 def scale_grids(devices: list[str], widths: list[int] | None = None, seeds: list[int] | None = None,
