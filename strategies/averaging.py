@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -24,6 +26,46 @@ from .cg import CGInfo, joint_operator, pcg
 from .registry import register
 from .statistics import Statistics
 from .timing import section
+
+
+@dataclass(frozen=True)
+class Rotated:
+    """A direction and its halves in the eigenbasis of ``E[XᵀX] = V diag(w) Vᵀ`` that a ridge factorised (the
+    strength search rotates the gradient halves into it): ``Vᵀ P V`` is entrywise there, and so is the metric of the
+    same ``E[XᵀX]`` (:meth:`strategies.truncation.Metric.from_eigh`), so the step needs neither a factorisation of
+    its own nor a ``(d_e, d_e)`` product to whiten them.
+
+    Attributes
+    ----------
+    w : Tensor
+        ``(d_e,)`` eigenvalues, clamped at 0.
+    V : Tensor
+        ``(d_e, d_e)`` eigenvectors.
+    D, D_a : Tensor
+        ``Vᵀ P V`` and ``Vᵀ P_a V``, ``(d_e, d_e)``, in ``V``'s dtype (``P_b``'s is ``D − D_a``).
+    M_a, M_b : Tensor
+        ``Vᵀ M_a V`` and ``Vᵀ M_b V``, the gradient halves' sums, ``(d_e, d_e)`` (float64).
+    """
+
+    w: Tensor
+    V: Tensor
+    D: Tensor
+    D_a: Tensor | None
+    M_a: Tensor
+    M_b: Tensor
+
+
+class Direction(NamedTuple):
+    """A raw direction and what a step can reuse of how it was made.
+
+    ``P`` ``(d_e, d_e)``; ``halves``: ``(P_a, P_b)`` made the same way from each half of the samples
+    (``P_a + P_b = P``), or None where the formula cannot split or ``rotated`` holds them; ``rotated``: the
+    direction, its halves and the gradient halves in the eigenbasis of ``E[XᵀX]`` (:class:`Rotated`), or None.
+    """
+
+    P: Tensor
+    halves: tuple[Tensor, Tensor] | None = None
+    rotated: Rotated | None = None
 
 
 class Averaging(ABC):
@@ -51,11 +93,11 @@ class Averaging(ABC):
         Fallbacks are appended to ``log``; solver diagnostics go into ``info``.
         """
 
-    def direction_and_halves(self, stats: Statistics, log: list[str],
-                             info: dict) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """``P`` and the directions ``(P_a, P_b)`` made the same way from each half of the samples, with
-        ``P_a + P_b = P`` (docs/mathematics.md §5.4), or None where the formula cannot split (the default)."""
-        return self.direction(stats, log, info), None
+    def direction_and_halves(self, stats: Statistics, log: list[str], info: dict,
+                             split: bool = True) -> Direction:
+        """``P`` and, with ``split``, its halves made the same way from each half of the samples (docs/mathematics.md
+        §5.4); the default cannot split (``halves`` None)."""
+        return Direction(self.direction(stats, log, info))
 
 
 class _PerSampleStatistics(Statistics):
@@ -96,10 +138,12 @@ class PerSample(Averaging):
             raise ValueError("per-sample needs statistics from its own new_statistics()")
         return stats.sum_P / stats.n
 
-    def direction_and_halves(self, stats, log, info):
+    def direction_and_halves(self, stats, log, info, split=True):
         P = self.direction(stats, log, info)
+        if not split:
+            return Direction(P)
         even = stats.sum_P_even / stats.n
-        return P, (even, P - even)
+        return Direction(P, (even, P - even))
 
 
 @register("averaging")
@@ -109,9 +153,14 @@ class Gram(Averaging):
     name = "gram"
 
     def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
-        return self.direction_and_halves(stats, log, info, split=False)[0]
+        return self._made(stats, log, info, split=False).P
 
-    def direction_and_halves(self, stats, log, info, split: bool = True):
+    def direction_and_halves(self, stats, log, info, split=True):
+        if type(self).direction is not Gram.direction:  # a subclass's own direction (a plugin's) makes P alone
+            return super().direction_and_halves(stats, log, info, split)
+        return self._made(stats, log, info, split)
+
+    def _made(self, stats: Statistics, log: list[str], info: dict, split: bool) -> Direction:
         # The halves let a ridge choose its strength (inverse ridge); the others ignore them.
         halves = stats.half_sums()
         factor = self.inverse.factor(stats.mean_A, log, halves=halves)
@@ -122,16 +171,19 @@ class Gram(Averaging):
             info["ridge_cosine"] = factor.cosine
         info["factor_host_syncs"] = factor.host_syncs
         # A ridge that chose its strength from the halves holds them in A's eigenbasis already: the direction is
-        # two products from there, not the four of a sandwich (M = M_a + M_b).
+        # entrywise there and two products from there, not the four of a sandwich (M = M_a + M_b); its halves stay
+        # there (the split-half estimate and the metric work in that basis).
         rotated = getattr(factor, "rotated_halves", None)
         with section("direction"):
-            if rotated is not None:
-                P = factor.sandwich_rotated((rotated[0] + rotated[1]) / stats.n)
-                even = factor.sandwich_rotated(rotated[0] / stats.n) if split else None
-            else:
+            if rotated is None:
                 P = factor.sandwich(stats.mean_M)
                 even = factor.sandwich(halves[0] / stats.n) if split else None
-        return P, (None if even is None else (even, P - even))
+                return Direction(P, None if even is None else (even, P - even))
+            M_a, M_b = rotated
+            D = factor.rotated_sandwich((M_a + M_b) / stats.n)
+            P = factor.V @ D @ factor.V.mT
+            D_a = factor.rotated_sandwich(M_a / stats.n) if split else None
+        return Direction(P, None, Rotated(factor.w, factor.V, D, D_a, M_a, M_b))
 
 
 class _MeanInputStatistics(Statistics):

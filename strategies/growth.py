@@ -52,12 +52,12 @@ from ._checks import (
     range_dtype,
     refuse_non_finite,
 )
-from .averaging import Averaging
+from .averaging import Averaging, Direction, Rotated
 from .line_search import LineSearch, SearchProblem, factor_scores, truncated_scores
 from .result import GrowthResult
 from .score_change import SampleGrams, SketchedNorms, grams_pay, sketch_pays
 from .scores_loss import CountedLoss
-from .signal import signal_share
+from .signal import signal_share, signal_share_whitened
 from .statistics import Statistics
 from .timing import Profile, section, synchronize, timed
 from .truncation import Metric, Truncation
@@ -890,12 +890,10 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
     # Statistics may hold another dtype or device than the batch (accumulated in float64, or
     # on another device): the direction and the metric are used with X, so they follow it.
     shrink = strategy.line_search.shrink and penalise
-    P, halves = (strategy.averaging.direction_and_halves(stats, ctx.log, ctx.info) if shrink
-                 else (strategy._direction(stats, ctx.log, ctx.info), None))
-    P = P.to(dtype=X.dtype, device=X.device)
+    direction = strategy.averaging.direction_and_halves(stats, ctx.log, ctx.info, split=shrink)
+    P, rotated = direction.P.to(dtype=X.dtype, device=X.device), direction.rotated
     with section("metric"):
-        metric = (Metric(stats.mean_A.to(dtype=X.dtype, device=X.device), strategy.truncation.metric_rtol)
-                  if strategy.truncation.metric else None)
+        metric = _metric(strategy.truncation, stats, rotated, X)
     finite_t = torch.isfinite(P).all()
     # λ is in RMS logits per entry of the whole batch, for the searched direction and the refit alike; a +holdout
     # search on part of the batch moves, and sees the slope of, that part only. (Measured on the held-out half
@@ -906,7 +904,7 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
                    else torch.tensor(X.shape[0] * X.shape[1] ** 2))
     numbers = _numbers_from_sums(ctx, P, finite_t, n_entries_t) or _numbers_from_scores(ctx, P, moved, finite_t,
                                                                                          n_entries_t)
-    P, D_moved, (finite, norm, slope, n_entries) = numbers
+    P, D_moved, (finite, norm, slope, n_entries), unit = numbers
     ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + ctx.info.pop("factor_host_syncs", 0)
     if metric is not None:
         ctx.log.extend(metric.log)
@@ -924,12 +922,16 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
         ctx.log.append("direction: X P Xᵀ = 0 (G has no component any dZ can reach); λ = 0")
         return None
     slope = slope / norm * ctx.g_scale
-    # The split-half estimate and the search's path both whiten the direction: once, here.
+    # The split-half estimate and the search's path both whiten the direction: once, here (entrywise where the
+    # metric shares the ridge's eigenbasis).
     P_whitened = None
-    if shrink and halves is not None and metric is not None:
+    if metric is not None and metric.eigenbasis is not None and rotated is not None:
+        with section("metric"):
+            P_whitened = metric.whiten_rotated(rotated.D.to(dtype=X.dtype, device=X.device)).div_(unit)
+    elif shrink and direction.halves is not None and metric is not None:
         with section("split-half estimate"):
             P_whitened = metric.whiten(P)
-    penalty = _optimism(strategy, stats, halves, rank, metric, slope, ctx, P_whitened) if shrink else 0.0
+    penalty = _optimism(strategy, stats, direction, rank, metric, slope, ctx, P_whitened) if shrink else 0.0
     loss, S0 = ctx.loss, ctx.S0
     held = ctx.heldout_samples
     if held is not None:
@@ -986,9 +988,9 @@ def _read(ctx: StepContext, finite_t: Tensor, norm_t: Tensor, slope_t: Tensor, n
 
 
 def _numbers_from_scores(ctx: StepContext, P: Tensor, moved: slice, finite_t: Tensor,
-                         n_entries_t: Tensor) -> tuple[Tensor, Tensor, list[float]]:
-    """``P`` divided by a power of two near ``max|X P Xᵀ|``, the moved samples' ``X P Xᵀ`` in that unit, and
-    :func:`_read`'s numbers, from the score change formed over the batch."""
+                         n_entries_t: Tensor) -> tuple[Tensor, Tensor, list[float], Tensor]:
+    """``P`` divided by a power of two near ``max|X P Xᵀ|``, the moved samples' ``X P Xᵀ`` in that unit,
+    :func:`_read`'s numbers, and that power of two, from the score change formed over the batch."""
     X, mask = ctx.X, ctx.mask
     D = _masked(X @ P @ X.mT, mask)
     # D has G's scale: ‖D‖² and ⟨G, D⟩ overflow or underflow float32 for an extreme one (from
@@ -998,11 +1000,11 @@ def _numbers_from_scores(ctx: StepContext, P: Tensor, moved: slice, finite_t: Te
     P, D = P / s, D.div_(s)
     D_moved = D[moved]
     slope_t = -torch.dot(ctx.G[moved].reshape(-1), D_moved.reshape(-1))
-    return P, D_moved, _read(ctx, finite_t, torch.linalg.vector_norm(D), slope_t, n_entries_t)
+    return P, D_moved, _read(ctx, finite_t, torch.linalg.vector_norm(D), slope_t, n_entries_t), s
 
 
 def _numbers_from_sums(ctx: StepContext, P: Tensor, finite_t: Tensor,
-                       n_entries_t: Tensor) -> tuple[Tensor, None, list[float]] | None:
+                       n_entries_t: Tensor) -> tuple[Tensor, None, list[float], Tensor] | None:
     """:func:`_numbers_from_scores` without forming ``X P Xᵀ`` (the moved samples' score change left to be formed
     if ever asked for), where that is cheaper and the sums allow it.
 
@@ -1022,7 +1024,8 @@ def _numbers_from_sums(ctx: StepContext, P: Tensor, finite_t: Tensor,
         ctx.norms = _score_change_norms(ctx)
         if ctx.norms is None:
             return None
-    P = P / pow2_scale(P)
+    unit = pow2_scale(P)
+    P = P / unit
     slope_t = -torch.sum(gradient * P)
     sketched = isinstance(ctx.norms, SketchedNorms)
     if sketched:
@@ -1037,7 +1040,7 @@ def _numbers_from_sums(ctx: StepContext, P: Tensor, finite_t: Tensor,
     if sketched:  # recorded for the directions the unit came from
         ctx.info["norm_sketch_probes"] = ctx.norms.k * ctx.X.shape[0]
         ctx.info["norm_sketch_rel_se"] = max(error, ctx.info.get("norm_sketch_rel_se", 0.0))
-    return P, None, numbers
+    return P, None, numbers, unit
 
 
 def _score_change_norms(ctx: StepContext) -> SampleGrams | SketchedNorms | None:
@@ -1053,7 +1056,18 @@ def _score_change_norms(ctx: StepContext) -> SampleGrams | SketchedNorms | None:
     return SampleGrams(ctx.X) if kept is None else SampleGrams(grams=kept.to(dtype=ctx.X.dtype, device=ctx.X.device))
 
 
-def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor, Tensor] | None, rank: int,
+def _metric(truncation: Truncation, stats: Statistics, rotated: Rotated | None, X: Tensor) -> Metric | None:
+    """The truncation's metric of ``E[XᵀX]`` in ``X``'s dtype and device (None without ``+metric``): from the
+    ridge's eigendecomposition of the same matrix where the direction came with one, else factorised afresh."""
+    if not truncation.metric:
+        return None
+    if rotated is not None:
+        return Metric.from_eigh(rotated.w.to(device=X.device), rotated.V.to(dtype=X.dtype, device=X.device),
+                                truncation.metric_rtol)
+    return Metric(stats.mean_A.to(dtype=X.dtype, device=X.device), truncation.metric_rtol)
+
+
+def _optimism(strategy: GrowthStrategy, stats: Statistics, direction: Direction, rank: int,
               metric: Metric | None, slope: float, ctx: StepContext, P_whitened: Tensor | None = None) -> float:
     """``κ = (1 − s) |φ'(0)|``: the in-sample slope's optimism, with ``s`` the split-half signal share of the
     direction on its truncation subspace (:func:`strategies.signal.signal_share`, clamped to [0, 1]);
@@ -1062,12 +1076,16 @@ def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor,
     A share that cannot be estimated (a formula that does not split, an in-sample slope that is not a descent)
     counts as no signal only in the second case; the first leaves λ unshrunk and says so in ``ctx.log``.
     """
-    if halves is None:
+    rotated = direction.rotated
+    if direction.halves is None and (rotated is None or rotated.D_a is None):
         ctx.log.append(f"shrink: {strategy.averaging.name} cannot split its direction into halves; λ not shrunk")
         return 0.0
     with section("split-half estimate"):
-        share = signal_share(stats.half_sums(), halves, rank, metric, strategy.truncation.top_subspace,
-                             whitened_direction=P_whitened)
+        if direction.halves is not None:
+            share = signal_share(stats.half_sums(), direction.halves, rank, metric, strategy.truncation.top_subspace,
+                                 whitened_direction=P_whitened)
+        else:
+            share = _rotated_signal_share(rotated, rank, metric, strategy.truncation, ctx.X)
     ctx.info["signal_share"] = share
     ctx.info["host_syncs"] = ctx.info.get("host_syncs", 0) + 1
     kept = min(max(share, 0.0), 1.0) if math.isfinite(share) else 0.0
@@ -1075,3 +1093,18 @@ def _optimism(strategy: GrowthStrategy, stats: Statistics, halves: tuple[Tensor,
     ctx.info["optimism_penalty"] = penalty
     return penalty
 
+
+def _rotated_signal_share(rotated: Rotated, rank: int, metric: Metric | None, truncation: Truncation,
+                          X: Tensor) -> float:
+    """The split-half share from the halves in the ridge's eigenbasis: whitened entrywise by a metric made in that
+    basis (:func:`_metric`), or as they are for a plain truncation (the Frobenius geometry is the same in any
+    orthonormal basis)."""
+    device = X.device
+    M_a, M_b = rotated.M_a.to(device=device), rotated.M_b.to(device=device)
+    D, D_a = rotated.D.to(device=device), rotated.D_a.to(device=device)
+    halves = (D_a, D - D_a)
+    if metric is not None:
+        M_a, M_b = metric.whiten_gradient_rotated(M_a), metric.whiten_gradient_rotated(M_b)
+        halves = tuple(metric.whiten_rotated(half) for half in halves)
+    return signal_share_whitened((M_a, M_b), halves, rank, truncation.top_subspace,
+                                 dtype=metric.L.dtype if metric is not None else D.dtype)

@@ -32,9 +32,6 @@ RIDGE_ALPHAS = (0.0, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100
 #: ``ridge``'s strength where no split-half statistics can choose one (per-sample and mean-input sandwiches,
 #: the joint preconditioner): the middle of the range it chooses from on the suite's data.
 RIDGE_FALLBACK_ALPHA = 1.0
-#: Numbers per stack of candidates in :func:`_honest_alpha` (256 KB of float64, so a stack's temporaries stay in a
-#: core's cache): the whole dozen up to d = 52, one at a time from d = 182 (measured: larger stacks were slower there).
-_STACK_NUMBERS = 2**15
 
 
 def default_rtol(dtype: torch.dtype, n: int) -> float:
@@ -230,12 +227,13 @@ class Solve:
 class _RidgeFactor(GramFactor):
     """``(A + δI)^{-1}`` from ``A = V diag(w) Vᵀ``; with ``δ = 0``, the pseudo-inverse above a cutoff.
 
-    ``rotated_halves``: ``(Vᵀ M_a V, Vᵀ M_b V)`` (float64) of the halves the strength was chosen with, or None.
+    ``w``: ``A``'s eigenvalues (clamped at 0); ``rotated_halves``: ``(Vᵀ M_a V, Vᵀ M_b V)`` (float64) of the halves
+    the strength was chosen with, or None.
     """
 
-    def __init__(self, V: Tensor, inv_w: Tensor, alpha: float, host_syncs: int,
+    def __init__(self, w: Tensor, V: Tensor, inv_w: Tensor, alpha: float, host_syncs: int,
                  rotated_halves: tuple[Tensor, Tensor] | None = None) -> None:
-        self.V, self.inv_w = V, inv_w
+        self.w, self.V, self.inv_w = w, V, inv_w
         self.alpha = alpha
         self.host_syncs = host_syncs
         self.rotated_halves = rotated_halves
@@ -243,11 +241,16 @@ class _RidgeFactor(GramFactor):
     def solve(self, R: Tensor) -> Tensor:
         return self.V @ (self.inv_w.unsqueeze(-1) * (self.V.mT @ R))
 
-    def sandwich_rotated(self, M_rotated: Tensor) -> Tensor:
-        """``(A + δI)^{-1} M (A + δI)^{-1}`` from ``Vᵀ M V`` ``(d, d)``, already in ``A``'s eigenbasis (the strength
-        search's :attr:`rotated_halves`): two ``(d, d)`` products where :meth:`sandwich` takes four."""
+    def rotated_sandwich(self, M_rotated: Tensor) -> Tensor:
+        """``Vᵀ (A + δI)^{-1} M (A + δI)^{-1} V`` from ``Vᵀ M V`` ``(d, d)``, both in ``A``'s eigenbasis (the strength
+        search's :attr:`rotated_halves`): entrywise, ``M̃_ij / ((w_i + δ)(w_j + δ))``, in ``V``'s dtype."""
         inv = self.inv_w
-        return self.V @ (inv.unsqueeze(-1) * M_rotated.to(self.V.dtype) * inv.unsqueeze(-2)) @ self.V.mT
+        return inv.unsqueeze(-1) * M_rotated.to(self.V.dtype) * inv.unsqueeze(-2)
+
+    def sandwich_rotated(self, M_rotated: Tensor) -> Tensor:
+        """``(A + δI)^{-1} M (A + δI)^{-1}`` from ``Vᵀ M V``: :meth:`rotated_sandwich` brought back by two ``(d, d)``
+        products, where :meth:`sandwich` takes four."""
+        return self.V @ self.rotated_sandwich(M_rotated) @ self.V.mT
 
 
 @register("inverse")
@@ -306,7 +309,7 @@ class Ridge:
                     alpha = RIDGE_FALLBACK_ALPHA
                     what = "batched Gram matrices" if A.dim() > 2 else "this Gram matrix"
                     log.append(f"ridge: no split-half statistics for {what}; alpha = {alpha:g}")
-            factor = _RidgeFactor(V, _ridge_inverse(w, alpha * mean_w, tol), float(alpha), syncs, rotated)
+            factor = _RidgeFactor(w, V, _ridge_inverse(w, alpha * mean_w, tol), float(alpha), syncs, rotated)
         factor.cosine = cosine
         return factor
 
@@ -328,27 +331,20 @@ def _honest_alpha(w: Tensor, V: Tensor, halves: tuple[Tensor, Tensor],
     """The strength of :data:`RIDGE_ALPHAS` with the highest honest cosine (see :class:`Ridge`), that cosine, and
     the halves in ``A``'s eigenbasis, ``(Vᵀ M_a V, Vᵀ M_b V)`` in float64 (the direction is made from them).
 
-    Computed in float64 in ``A``'s eigenbasis: each candidate costs ``O(d²)``. The candidates are scored in
-    stacks of ``(k, d, d)``, ``k`` such that a stack fits a core's cache (:data:`_STACK_NUMBERS`): every
-    candidate's numbers are the ones a loop over them gives, bit for bit, in a tenth of the calls at small
-    ``d``, where the per-call overhead of a dozen small products per candidate was most of the ridge's time.
+    The halves are rotated in ``V``'s precision (an orthogonal rotation keeps their norms, so float32 rounds each
+    entry at ``eps · ‖M‖``; float64 products took a tenth of a growth's floor at d_e = 1024) and scored in float64.
+    In ``A``'s eigenbasis each candidate's two sums are quadratic forms in its ``1 / (w + δ)``:
+    ``Σ_ij c_ij u_i u_j`` with ``c = M̃_a ∘ M̃_b`` and ``c = (w wᵀ) ∘ (M̃_a + M̃_b)²`` (on ``u²``), so the dozen
+    candidates take two ``(k, d) @ (d, d)`` products instead of a dozen ``(d, d)`` temporaries each.
     """
-    w64, V64 = w.double(), V.double()
-    Ma, Mb = (V64.mT @ M.to(V64) @ V64 for M in halves)
+    Ma, Mb = ((V.mT @ M.to(V) @ V).double() for M in halves)
+    w64 = w.double()
     cross = Ma * Mb
-    both = Ma + Mb
-    ww = w64[:, None] * w64[None, :]
-    mean_w = w64.mean()
+    weighted = (w64[:, None] * w64[None, :]) * (Ma + Mb).square()
     alphas = torch.tensor(RIDGE_ALPHAS, dtype=w64.dtype, device=w64.device)
-    d = w64.shape[-1]
-    k = max(1, min(len(RIDGE_ALPHAS), _STACK_NUMBERS // max(d * d, 1)))
-    scores = []
-    for chunk in alphas.split(k):
-        inv = _ridge_inverse(w64[None, :], chunk[:, None] * mean_w, tol)  # (k, d): 1 / (w + δ) per candidate
-        den = inv[:, :, None] * inv[:, None, :]
-        honest = 4 * (cross * den).sum(dim=(1, 2))  # 2⟨M_a, P_b⟩ + 2⟨M_b, P_a⟩, the two terms equal here
-        norm = (ww * (both * den) ** 2).sum(dim=(1, 2)).sqrt()
-        scores.append(torch.where(norm > 0, honest / norm, torch.full_like(norm, -math.inf)))
-    values = torch.cat(scores).tolist()  # one host transfer for the choice
+    inv = _ridge_inverse(w64[None, :], alphas[:, None] * w64.mean(), tol)  # (k, d): 1 / (w + δ) per candidate
+    honest = 4 * ((inv @ cross) * inv).sum(dim=-1)  # 2⟨M_a, P_b⟩ + 2⟨M_b, P_a⟩, the two terms equal here
+    norm = (((inv * inv) @ weighted) * (inv * inv)).sum(dim=-1).sqrt()
+    values = torch.where(norm > 0, honest / norm, torch.full_like(norm, -math.inf)).tolist()  # one host transfer
     best = max(range(len(RIDGE_ALPHAS)), key=lambda i: values[i])
     return RIDGE_ALPHAS[best], values[best], (Ma, Mb)

@@ -93,6 +93,46 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
 
     ya, yb = (core(P, LU, LV) for P in (P_a, P_b))
     na, nb = (core(M, UL, VL) for M in (M_a, M_b))
+    return _share(na, nb, ya, yb)
+
+
+def signal_share_whitened(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple[Tensor, Tensor], rank: int,
+                          top_subspace: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None,
+                          dtype: torch.dtype | None = None) -> float:
+    """:func:`signal_share` from halves already in the truncation's geometry, where whitening them cost nothing (in
+    the eigenbasis of the metric, :meth:`strategies.truncation.Metric.whiten_rotated`).
+
+    Parameters
+    ----------
+    gradient_halves : (Tensor, Tensor)
+        ``N_a, N_b = L⁻¹ M_a L⁻ᵀ, L⁻¹ M_b L⁻ᵀ``, ``(d_e, d_e)`` each (any common scale).
+    direction_halves : (Tensor, Tensor)
+        ``Y_a, Y_b = Lᵀ P_a L, Lᵀ P_b L`` in the same basis (any common scale).
+    rank, top_subspace :
+        As for :func:`signal_share`.
+    dtype : torch.dtype, optional
+        The precision of the estimate (default the directions').
+
+    Returns
+    -------
+    float
+        The share, as :func:`signal_share` gives it for the same halves and metric (the basis is immaterial:
+        both of its terms are inner products of projections on the top subspace, which rotates with it).
+    """
+    dtype = dtype or direction_halves[0].dtype
+    N_a, N_b = _in_range(gradient_halves, dtype)
+    Y_a, Y_b = _in_range(direction_halves, dtype)
+    Y = Y_a + Y_b
+    if top_subspace is None:
+        top_subspace = (FullSVD() if Y.shape[-1] <= LOW_RANK_ABOVE else RandomizedSVD()).top_subspace
+    U, V = top_subspace(Y, rank)
+    ya, yb, na, nb = (U.mT @ T @ V for T in (Y_a, Y_b, N_a, N_b))
+    return _share(na, nb, ya, yb)
+
+
+def _share(na: Tensor, nb: Tensor, ya: Tensor, yb: Tensor) -> float:
+    """``2(⟨n_a, y_b⟩ + ⟨n_b, y_a⟩) / ⟨n_a + n_b, y_a + y_b⟩`` of the halves' cores on the top subspace (one host
+    read); NaN when the in-sample term is not positive."""
     honest, in_sample = torch.stack([2 * ((na * yb).sum() + (nb * ya).sum()), ((na + nb) * (ya + yb)).sum()]).tolist()
     return honest / in_sample if in_sample > 0 else float("nan")
 

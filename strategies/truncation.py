@@ -41,7 +41,10 @@ class Metric:
     Attributes
     ----------
     L : Tensor
-        ``(d_e, d_e)``, lower triangular unless the eigendecomposition fallback ran.
+        ``(d_e, d_e)``, lower triangular unless made from an eigendecomposition (:meth:`from_eigh`, or the
+        fallback): then ``V diag(w)^{1/2}``.
+    eigenbasis : Tensor or None
+        ``V`` of that eigendecomposition, ``(d_e, d_e)``; None for a Cholesky factor.
     null_dims : int
         Null directions found and floored.
     log : list of str
@@ -58,26 +61,62 @@ class Metric:
     inputs do span, the amplified noise is at rounding level in score space, because
     those inputs carry energy ``∝ λ_i`` there. The null directions are found once per
     metric by :func:`strategies.gram.factor_psd`; an eigendecomposition runs only when
-    that fails, and is recorded in ``log``.
+    that fails, and is recorded in ``log``. Where the caller holds an eigendecomposition of
+    ``E[A]`` already (a ridge chose its strength with one), :meth:`from_eigh` floors the same
+    matrix from it and factorises nothing.
     """
 
     def __init__(self, mean_A: Tensor, rtol: float | None = None) -> None:
-        if rtol is not None and not (0 < rtol < 1):
-            raise ValueError(f"metric rtol must be in (0, 1), got {rtol!r}")
-        tol = 10 * mean_A.shape[-1] * torch.finfo(mean_A.dtype).eps if rtol is None else rtol
+        tol = self._tol(mean_A, rtol)
         self.log: list[str] = []
+        self.eigenbasis: Tensor | None = None
         factor = factor_psd(mean_A, tol, lift=math.sqrt(tol))
         self.host_syncs = 0 if factor is None else factor.host_syncs
         if factor is not None:
             self.L, self.null_dims, self._triangular = factor.L, factor.n_null, True
             return
         w, V = torch.linalg.eigh(mean_A)
-        top = w.amax().clamp_min(torch.finfo(w.dtype).tiny)
-        null = w <= tol * top
-        w = torch.where(null, math.sqrt(tol) * top, w)
-        self.L, self.null_dims, self._triangular = V * w.sqrt(), int(null.sum()), False
-        self._V, self._sqrt_w = V, w.sqrt()
+        self._from_eigh(w, V, tol)
         self.log.append("metric: Cholesky with null directions removed failed; used eigh")
+
+    @classmethod
+    def from_eigh(cls, w: Tensor, V: Tensor, rtol: float | None = None) -> Metric:
+        """The metric of ``E[A] = V diag(w) Vᵀ`` from an eigendecomposition the caller has already made (a
+        ridge's, :class:`strategies.inverse.Ridge`): no factorisation of its own, and directions held in that
+        eigenbasis are whitened entrywise (:meth:`whiten_rotated`).
+
+        Parameters
+        ----------
+        w : Tensor
+            ``(d_e,)`` eigenvalues (negative rounding clamped to 0 or not).
+        V : Tensor
+            ``(d_e, d_e)`` orthonormal eigenvectors, in the dtype the metric is to work in.
+        rtol : float, optional
+            As for the constructor, for ``V``'s dtype.
+        """
+        metric = cls.__new__(cls)
+        metric.log = []
+        metric._from_eigh(w.to(V.dtype), V, cls._tol(V, rtol))
+        return metric
+
+    @staticmethod
+    def _tol(A: Tensor, rtol: float | None) -> float:
+        if rtol is not None and not (0 < rtol < 1):
+            raise ValueError(f"metric rtol must be in (0, 1), got {rtol!r}")
+        return 10 * A.shape[-1] * torch.finfo(A.dtype).eps if rtol is None else rtol
+
+    def _from_eigh(self, w: Tensor, V: Tensor, tol: float) -> None:
+        """``L = V diag(w_f)^{1/2}`` with ``w_f`` the eigenvalues of the matrix :func:`strategies.gram.factor_psd`
+        factorises, ``A + δI + f N Nᵀ`` (``δ = tol · max diag(A)``, ``f = sqrt(tol) · max diag(A)``, ``N`` the
+        eigenvectors below ``tol · ‖A‖_F``): both ways give one metric."""
+        w = w.clamp_min(0)
+        scale = (V.square() @ w).amax()  # max diag(A), without forming A
+        null = w <= tol * torch.linalg.vector_norm(w)
+        w_floored = w + tol * scale + torch.where(null, math.sqrt(tol) * scale, torch.zeros_like(w))
+        self.eigenbasis, self._sqrt_w = V, w_floored.sqrt()
+        self.L, self._triangular = V * self._sqrt_w, False
+        self.null_dims = int(null.sum())  # one host read
+        self.host_syncs = 1
 
     def whiten(self, Y: Tensor) -> Tensor:
         """``Lᵀ Y L``, ``(d_e, d_e)``."""
@@ -92,7 +131,17 @@ class Metric:
         """``L^{-T} U`` for ``U (d_e, r)``: factors of a whitened matrix back to the original basis."""
         if self._triangular:
             return torch.linalg.solve_triangular(self.L.mT, U, upper=True)
-        return self._V @ (U / self._sqrt_w.unsqueeze(-1))
+        return self.eigenbasis @ (U / self._sqrt_w.unsqueeze(-1))
+
+    def whiten_rotated(self, D: Tensor) -> Tensor:
+        """``Lᵀ Y L`` for ``Y = V D Vᵀ`` given as ``D`` in the metric's :attr:`eigenbasis` ``V``, ``(d_e, d_e)``:
+        ``√w_i D_ij √w_j``, entrywise (``Lᵀ V = diag(√w)``)."""
+        return self._sqrt_w.unsqueeze(-1) * D * self._sqrt_w
+
+    def whiten_gradient_rotated(self, N: Tensor) -> Tensor:
+        """``L⁻¹ M L⁻ᵀ`` for ``M = V N Vᵀ`` given as ``N`` in the metric's :attr:`eigenbasis`: ``N_ij / (√w_i √w_j)``
+        (the whitening under which ``⟨L⁻¹ M L⁻ᵀ, Lᵀ P L⟩ = ⟨M, P⟩``)."""
+        return N / self._sqrt_w.unsqueeze(-1) / self._sqrt_w
 
 
 class Truncation(ABC):

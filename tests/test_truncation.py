@@ -91,6 +91,32 @@ def test_metric_on_singular_gram_keeps_low_rank_matrices():
             assert rel_err(product(*trunc(Z, rank, metric)), Z) < 1e-6
 
 
+@pytest.mark.parametrize("singular", [False, True])
+def test_a_metric_from_an_eigendecomposition_is_the_factorised_metric(singular):
+    """``Metric.from_eigh`` floors the matrix ``factor_psd`` factorises (``A + δI + f N Nᵀ``): the same ``L Lᵀ``, so
+    the same metric-aware truncation (the optimum does not depend on which factor); a direction given in the
+    eigenbasis whitens entrywise to ``Lᵀ P L``, a gradient to ``L⁻¹ M L⁻ᵀ`` (``⟨L⁻¹ M L⁻ᵀ, Lᵀ P L⟩ = ⟨M, P⟩``), and
+    ``unwhiten`` inverts ``Lᵀ``."""
+    d = 7
+    X = anisotropic_X(1, 4 if singular else 12, d, cond=1e2, seed=31)[0]
+    A = X.T @ X
+    chol, eig = strategies.Metric(A), strategies.Metric.from_eigh(*torch.linalg.eigh(A))
+    assert eig.log == [] and chol.log == [] and eig.eigenbasis is not None and chol.eigenbasis is None
+    assert eig.null_dims == chol.null_dims == (3 if singular else 0)
+    assert rel_err(eig.L @ eig.L.T, chol.L @ chol.L.T) < 1e-10
+    Y = torch.randn(d, d, generator=gen(32), dtype=DT)
+    for rank in (1, 3):
+        assert rel_err(product(*FULL(metric=True)(Y, rank, eig)), product(*FULL(metric=True)(Y, rank, chol))) < 1e-8
+    V = eig.eigenbasis
+    assert rel_err(eig.whiten_rotated(V.T @ Y @ V), eig.whiten(Y)) < 1e-12
+    M = torch.randn(d, d, generator=gen(33), dtype=DT)
+    N = eig.whiten_gradient_rotated(V.T @ M @ V)
+    assert rel_err(N, torch.linalg.solve(eig.L, torch.linalg.solve(eig.L, M).T).T) < 1e-10
+    assert float((N * eig.whiten(Y)).sum()) == pytest.approx(float((M * Y).sum()), rel=1e-10)
+    U = torch.randn(d, 2, generator=gen(34), dtype=DT)
+    assert rel_err(eig.unwhiten(eig.L.T @ U), U) < 1e-10
+
+
 @pytest.mark.parametrize("metric", [False, True])
 @pytest.mark.parametrize("n_iter", [0, 2])
 def test_rsvd_equals_full_when_rank_fits_the_sketch(n_iter, metric):

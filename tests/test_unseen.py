@@ -210,6 +210,30 @@ def test_the_share_in_a_metric_is_the_share_of_the_whitened_halves(cond):
     assert signal_share(M_halves, P_halves, r, Metric(A), whitened_direction=given) == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("cond", [1.0, 1e3])
+def test_the_share_from_halves_whitened_in_the_eigenbasis_is_the_share(cond):
+    # The ridge's eigenbasis of E[A] whitens halves entrywise (signal_share_whitened): the same share as the
+    # Cholesky metric's route through the halves themselves, in any common scale of each pair.
+    from growbench.strategies.signal import signal_share_whitened
+    from growbench.strategies.truncation import Metric
+
+    d, r = 24, 5
+    X = anisotropic_X(96, 1, d, cond=cond, seed=15).reshape(96, d)
+    A = X.mT @ X / 96
+    S = torch.randn(d, r, generator=gen(16), dtype=DT) @ torch.randn(r, d, generator=gen(17), dtype=DT)
+    E = 3 * torch.randn(d, d, generator=gen(18), dtype=DT)
+    M_halves, P_halves = (S + E, S - 0.5 * E), (S + 0.5 * E, S - E)
+    expected = signal_share(M_halves, P_halves, r, Metric(A))
+    eig = Metric.from_eigh(*torch.linalg.eigh(A))
+    V = eig.eigenbasis
+    N = tuple(eig.whiten_gradient_rotated(2.0 * V.T @ M @ V) for M in M_halves)
+    Y = tuple(eig.whiten_rotated(V.T @ P @ V / 3.0) for P in P_halves)
+    assert signal_share_whitened(N, Y, r) == pytest.approx(expected, rel=1e-9)
+    # Without a metric, the halves rotated into any orthonormal basis: the plain share.
+    plain = tuple(tuple(V.T @ T @ V for T in pair) for pair in (M_halves, P_halves))
+    assert signal_share_whitened(*plain, r) == pytest.approx(signal_share(M_halves, P_halves, r), rel=1e-9)
+
+
 @pytest.mark.parametrize("magnitude", [1.0, 2.0**140, 2.0**-140])
 def test_the_share_in_float32_is_the_float64_share_at_any_magnitude(magnitude):
     # The estimate runs in the inputs' precision: float32 halves with a metric give the float64 share to float32's
@@ -396,6 +420,33 @@ def test_shrink_with_all_signal_takes_the_plain_step():
                                                                                  mask=mask)
     assert shrunk.info["signal_share"] == pytest.approx(1.0, abs=1e-9) and shrunk.info["optimism_penalty"] < 1e-12
     assert shrunk.lam == pytest.approx(plain.lam, rel=1e-9)
+
+
+@pytest.mark.parametrize("spec", ["gram/ridge/full+metric/normal+shrink:bracket",
+                                  "gram/ridge/full/normal+shrink:bracket"])
+def test_a_ridges_share_in_its_eigenbasis_is_the_share_of_its_halves(spec):
+    # The ridge keeps its direction and halves in E[A]'s eigenbasis, and the growth whitens them there (the metric
+    # from the ridge's eigh): the share it records is the one signal_share gives for the halves made by two solves
+    # at the strength it chose, with a metric factorised afresh (or none).
+    from growbench.strategies.truncation import Metric
+
+    data, mask, loss, W_Q, W_K, c = _growth_problem(d_e=6, n=2, b=8)
+    s = strategies.make(spec)
+    stats = s.new_statistics()
+    for X, G in data[:2]:
+        stats.update(X, G, mask)
+    X, G = data[1]
+    r = s.grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, mask=mask, stats=stats)
+    A = stats.mean_A
+    lifted = A + r.info["ridge_alpha"] * float(torch.trace(A) / A.shape[0]) * torch.eye(A.shape[0], dtype=DT)
+
+    def sandwich(M):
+        return torch.linalg.solve(lifted, torch.linalg.solve(lifted, M).mT).mT
+
+    M_halves = stats.half_sums()
+    P_halves = tuple(sandwich(M / stats.n) for M in M_halves)
+    expected = signal_share(M_halves, P_halves, 2 + 2, Metric(A) if "metric" in spec else None)
+    assert r.info["signal_share"] == pytest.approx(expected, rel=1e-8)
 
 
 def test_shrink_without_halves_says_so():
