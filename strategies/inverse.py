@@ -247,11 +247,6 @@ class _RidgeFactor(GramFactor):
         inv = self.inv_w
         return inv.unsqueeze(-1) * M_rotated.to(self.V.dtype) * inv.unsqueeze(-2)
 
-    def sandwich_rotated(self, M_rotated: Tensor) -> Tensor:
-        """``(A + δI)^{-1} M (A + δI)^{-1}`` from ``Vᵀ M V``: :meth:`rotated_sandwich` brought back by two ``(d, d)``
-        products, where :meth:`sandwich` takes four."""
-        return self.V @ self.rotated_sandwich(M_rotated) @ self.V.mT
-
 
 @register("inverse")
 class Ridge:
