@@ -42,7 +42,8 @@ class Rotated:
     V : Tensor
         ``(d_e, d_e)`` eigenvectors.
     D, D_a : Tensor
-        ``Vᵀ P V`` and ``Vᵀ P_a V``, ``(d_e, d_e)``, in ``V``'s dtype (``P_b``'s is ``D − D_a``).
+        ``Vᵀ P V`` and ``Vᵀ P_a V``, ``(d_e, d_e)``, in ``V``'s dtype (``P_b``'s is ``D − D_a``); ``D_a`` is None
+        where the halves were not asked for (``split=False``).
     M_a, M_b : Tensor
         ``Vᵀ M_a V`` and ``Vᵀ M_b V``, the gradient halves' sums, ``(d_e, d_e)`` (float64).
     """

@@ -925,7 +925,7 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
     # The split-half estimate and the search's path both whiten the direction: once, here (entrywise where the
     # metric shares the ridge's eigenbasis).
     P_whitened = None
-    if metric is not None and metric.eigenbasis is not None and rotated is not None:
+    if metric is not None and rotated is not None:  # made from the ridge's eigh (_metric)
         with section("metric"):
             P_whitened = metric.whiten_rotated(rotated.D.to(dtype=X.dtype, device=X.device)).div_(unit)
     elif shrink and direction.halves is not None and metric is not None:

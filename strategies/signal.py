@@ -77,9 +77,7 @@ def signal_share(gradient_halves: tuple[Tensor, Tensor], direction_halves: tuple
         Y = whitened_direction.to(dtype)
     else:
         Y = metric.whiten(P_a + P_b) if metric is not None else P_a + P_b
-    if top_subspace is None:  # a wide matrix's by the rsvd truncation's seeded sketch
-        top_subspace = (FullSVD() if Y.shape[-1] <= LOW_RANK_ABOVE else RandomizedSVD()).top_subspace
-    U, V = top_subspace(Y, rank)
+    U, V = (top_subspace or _default_top_subspace(Y))(Y, rank)
     # Only the halves' cores on that subspace enter the share, and they need no whitened half: Uᵀ (Lᵀ P L) V is
     # (L U)ᵀ P (L V), and Uᵀ (L⁻¹ M L⁻ᵀ) V is (L⁻ᵀ U)ᵀ M (L⁻ᵀ V): products of (d_e, r) factors, in place of two
     # (d_e, d_e) products or solves per half (at d_e = 1024, two thirds of the estimate's time).
@@ -123,11 +121,15 @@ def signal_share_whitened(gradient_halves: tuple[Tensor, Tensor], direction_halv
     N_a, N_b = _in_range(gradient_halves, dtype)
     Y_a, Y_b = _in_range(direction_halves, dtype)
     Y = Y_a + Y_b
-    if top_subspace is None:
-        top_subspace = (FullSVD() if Y.shape[-1] <= LOW_RANK_ABOVE else RandomizedSVD()).top_subspace
-    U, V = top_subspace(Y, rank)
+    U, V = (top_subspace or _default_top_subspace(Y))(Y, rank)
     ya, yb, na, nb = (U.mT @ T @ V for T in (Y_a, Y_b, N_a, N_b))
     return _share(na, nb, ya, yb)
+
+
+def _default_top_subspace(Y: Tensor) -> Callable[[Tensor, int], tuple[Tensor, Tensor]]:
+    """A full SVD's top subspace up to :data:`LOW_RANK_ABOVE`, a wide matrix's by the rsvd truncation's seeded
+    sketch."""
+    return (FullSVD() if Y.shape[-1] <= LOW_RANK_ABOVE else RandomizedSVD()).top_subspace
 
 
 def _share(na: Tensor, nb: Tensor, ya: Tensor, yb: Tensor) -> float:

@@ -73,7 +73,7 @@ class Metric:
         factor = factor_psd(mean_A, tol, lift=math.sqrt(tol))
         self.host_syncs = 0 if factor is None else factor.host_syncs
         if factor is not None:
-            self.L, self.null_dims, self._triangular = factor.L, factor.n_null, True
+            self.L, self.null_dims = factor.L, factor.n_null
             return
         w, V = torch.linalg.eigh(mean_A)
         self._from_eigh(w, V, tol)
@@ -114,7 +114,7 @@ class Metric:
         null = w <= tol * torch.linalg.vector_norm(w)
         w_floored = w + tol * scale + torch.where(null, math.sqrt(tol) * scale, torch.zeros_like(w))
         self.eigenbasis, self._sqrt_w = V, w_floored.sqrt()
-        self.L, self._triangular = V * self._sqrt_w, False
+        self.L = V * self._sqrt_w
         self.null_dims = int(null.sum())  # one host read
         self.host_syncs = 1
 
@@ -129,7 +129,7 @@ class Metric:
 
     def unwhiten(self, U: Tensor) -> Tensor:
         """``L^{-T} U`` for ``U (d_e, r)``: factors of a whitened matrix back to the original basis."""
-        if self._triangular:
+        if self.eigenbasis is None:  # a Cholesky factor
             return torch.linalg.solve_triangular(self.L.mT, U, upper=True)
         return self.eigenbasis @ (U / self._sqrt_w.unsqueeze(-1))
 
