@@ -116,8 +116,9 @@ def statistics_over(strategy: strategies.Strategy | None, batches: Iterable[Batc
     Parameters
     ----------
     strategy : strategies.Strategy or None
-        Whose ``new_statistics()`` to fill; ``None`` for the plain statistics (the two Gram
-        sums ``Σ XᵀX`` and ``Σ XᵀGX``), the least any strategy pays.
+        Whose ``new_statistics()`` to fill; ``None`` for the plain statistics, the two Gram
+        sums ``Σ XᵀX`` and ``Σ XᵀGX`` alone (``Statistics(split_half=False)``): the least any
+        growth pays.
     batches : iterable of BatchCapture
     head : int
 
@@ -125,7 +126,7 @@ def statistics_over(strategy: strategies.Strategy | None, batches: Iterable[Batc
     -------
     strategies.Statistics
     """
-    stats = strategies.Statistics() if strategy is None else strategy.new_statistics()
+    stats = strategies.Statistics(split_half=False) if strategy is None else strategy.new_statistics()
     for X, G, mask in batches:
         stats.update(X, G[head], mask)
     return stats

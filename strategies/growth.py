@@ -187,14 +187,23 @@ class Strategy(ABC):
                 own = self.new_statistics()._add(X, G, mask)  # grow() has validated the batch
             _host_reads(ctx, own.host_reads)
             return own
-        if type(stats) is not type(self.new_statistics()):
+        self._check_stats(stats, X.shape[-1])
+        return stats
+
+    def _check_stats(self, stats: Statistics, d_e: int) -> None:
+        """Refuse a caller's statistics this strategy cannot use: another kind, empty, without the half sums its own
+        keep, or of another ``d_e``."""
+        own = self.new_statistics()
+        if type(stats) is not type(own):
             raise ValueError(
                 f"stats of type {type(stats).__name__} do not fit {self.spec!r}: use this strategy's new_statistics()"
             )
         stats._require()
-        if stats.sum_A.shape[-1] != X.shape[-1]:
-            raise ValueError(f"stats have d_e={stats.sum_A.shape[-1]} but X has d_e={X.shape[-1]}")
-        return stats
+        if stats.sum_M_even is None and own.split_half:
+            raise ValueError(f"stats keep no split-half sums (made with split_half=False), which {self.spec!r} needs: "
+                             "use this strategy's new_statistics()")
+        if stats.sum_A.shape[-1] != d_e:
+            raise ValueError(f"stats have d_e={stats.sum_A.shape[-1]} but X has d_e={d_e}")
 
     def direction(self, X: Tensor | Statistics, G: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
         """The raw (unnormalised) direction ``P``.
@@ -348,6 +357,8 @@ class Strategy(ABC):
             for name, W in (("W_Q", W_Q), ("W_K", W_K)):
                 if W.dtype != X.dtype or W.device != X.device:
                     raise ValueError(f"{name} ({W.dtype}, {W.device}) must match X ({X.dtype}, {X.device})")
+            if stats is not None:  # before the first loss call: a caller's mistake costs no work
+                self._check_stats(stats, X.shape[-1])
         out_dtype = X.dtype
         caller_stats = stats
         own_stats = stats is None

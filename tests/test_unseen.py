@@ -10,13 +10,28 @@ from __future__ import annotations
 
 import math
 import pickle
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from conftest import DT, anisotropic_X, attention_loss, causal, factors, gen, grad_of, np64, random_G, rel_err, scores
+from conftest import (
+    DT,
+    Counted,
+    anisotropic_X,
+    attention_loss,
+    causal,
+    factors,
+    gen,
+    grad_of,
+    np64,
+    random_G,
+    rel_err,
+    scores,
+)
 
 from growbench import strategies
+from growbench.harness.capture import statistics_over
 from growbench.harness.measure import search_problem
 from growbench.strategies.inverse import RIDGE_ALPHAS, Ridge
 from growbench.strategies.line_search import NormalSearch, SearchProblem
@@ -86,6 +101,42 @@ def test_half_sums_are_the_even_and_odd_samples_across_batches():
     assert rel_err(M_even, ref_even) < 1e-12 and rel_err(M_odd, ref_odd) < 1e-12
     assert stats.tokens == 15 * 6
 
+
+
+def test_the_floors_statistics_are_the_two_gram_sums_alone():
+    """``split_half=False`` (the floor's statistics, ``statistics_over(None, ...)``) keeps ``Σ A_b`` and ``Σ M_b``,
+    the very products of the full statistics, against sums sample by sample, and no half sums: asking for them is
+    refused in one line, and a one-batch ``+holdout`` split falls back to statistics of its own."""
+    data = batches(n=3, b=5)
+    plain, full = Statistics(split_half=False), Statistics()
+    for X, G in data:
+        plain.update(X, G)
+        full.update(X, G)
+    X, G = np64(torch.cat([x for x, _ in data])), np64(torch.cat([g for _, g in data]))
+    assert rel_err(plain.sum_A, sum(x.T @ x for x in X)) < 1e-12
+    assert rel_err(plain.sum_M, sum(x.T @ g @ x for x, g in zip(X, G, strict=True))) < 1e-12
+    assert torch.equal(plain.sum_A, full.sum_A) and torch.equal(plain.sum_M, full.sum_M)
+    assert plain.sum_M_even is None and (plain.n, plain.tokens, plain.n_batches) == (full.n, full.tokens, 3)
+    with pytest.raises(ValueError, match="split_half=False"):
+        plain.half_sums()
+    assert torch.equal(plain.without_last().sum_M, full.without_last().sum_M)
+    one = Statistics(split_half=False).update(*data[0])
+    assert one.even_half(*data[0]) is None
+    caps = [SimpleNamespace(X=x, G=[g], mask=None) for x, g in data]
+    assert statistics_over(None, [(c.X, c.G, c.mask) for c in caps]).sum_M_even is None
+
+
+@pytest.mark.parametrize("spec", ["default", "gram/solve/full+metric/fast:quadratic", "formula2"])
+def test_a_growth_refuses_statistics_without_the_half_sums_before_any_work(spec):
+    """Every built-in strategy's own statistics keep the half sums; handed the floor's, a growth says so in one line
+    before it calls the loss."""
+    (X, G), = batches(n=1, b=6, d_s=5, d_e=4)
+    W_Q, W_K = factors(4, 2, seed=1)
+    loss = Counted(attention_loss(6, 5, seed=2))
+    with pytest.raises(ValueError, match="no split-half sums.*new_statistics"):
+        strategies.make(spec).grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss,
+                                   stats=Statistics(split_half=False).update(X, G))
+    assert loss.calls == 0
 
 def test_batch_index_finds_a_batch_by_its_content():
     data = batches()
