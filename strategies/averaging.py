@@ -87,6 +87,12 @@ class Averaging(ABC):
         """Empty statistics of the kind this formula needs."""
         return Statistics()
 
+    @property
+    def uses_half_sums(self) -> bool:
+        """Whether the direction itself is made from the gradient's half sums (:meth:`Statistics.half_sums`); the
+        default does not."""
+        return False
+
     @abstractmethod
     def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
         """The raw direction ``P (d_e, d_e)`` from accumulated statistics.
@@ -153,6 +159,11 @@ class Gram(Averaging):
 
     name = "gram"
 
+    @property
+    def uses_half_sums(self) -> bool:
+        """A ridge choosing its strength (``alpha="auto"``) scores its candidates on the half sums."""
+        return getattr(self.inverse, "alpha", None) == "auto"
+
     def direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
         return self._made(stats, log, info, split=False).P
 
@@ -162,8 +173,9 @@ class Gram(Averaging):
         return self._made(stats, log, info, split)
 
     def _made(self, stats: Statistics, log: list[str], info: dict, split: bool) -> Direction:
-        # The halves let a ridge choose its strength (inverse ridge); the others ignore them.
-        halves = stats.half_sums()
+        # The halves let a ridge choose its strength (inverse ridge); the others ignore them, and statistics made for
+        # a strategy that uses none keep none.
+        halves = stats.half_sums() if stats.sum_M_even is not None else None
         factor = self.inverse.factor(stats.mean_A, log, halves=halves)
         if factor.null_dims:
             info["null_directions"] = factor.null_dims

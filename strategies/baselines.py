@@ -69,7 +69,7 @@ class Baseline(Strategy):
         self.spec = self.name
 
     def new_statistics(self) -> Statistics:
-        return Statistics()
+        return Statistics(split_half=False)  # the plain gradient needs no half sums
 
     def _direction(self, stats: Statistics, log: list[str], info: dict) -> Tensor:
         # The plain gradient ∂L/∂Z: what a baseline would follow if it took a step.

@@ -204,8 +204,8 @@ class DefaultStrategy(Strategy):
     def new_statistics(self) -> Statistics:
         """Empty statistics of the reference regime's choice.
 
-        Every built-in averaging but ``per-sample`` and ``joint`` keeps the same sums; if the
-        regime of the data needs another kind, :meth:`grow` says which to build.
+        Every built-in averaging but ``per-sample`` and ``joint`` keeps the same sums (with the half sums, which
+        every choice so far reads); if the regime of the data needs another kind, :meth:`grow` says which to build.
         """
         return make(default_choice().spec, **self.options).new_statistics()
 

@@ -696,6 +696,9 @@ class GrowthStrategy(Strategy):
     def new_statistics(self) -> Statistics:
         stats = self.averaging.new_statistics()
         stats.keep_one_batch = self.holds_out  # the one-batch split and its score changes read them again
+        # The half sums (a product of half the batch at every update) only where something reads them: a ridge's
+        # strength, the split-half estimate of +shrink, and a one-batch +holdout split (its half's Σ M).
+        stats.split_half = self.averaging.uses_half_sums or self.line_search.shrink or self.holds_out
         return stats
 
     def _stats(self, ctx: StepContext, stats: Statistics | None) -> Statistics:

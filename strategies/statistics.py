@@ -89,6 +89,8 @@ class Statistics:
     sum_A, sum_M : Tensor
         ``Σ_b X_bᵀ X_b`` and ``Σ_b X_bᵀ G_b X_b``, each ``(d_e, d_e)``, in the dtype and on
         the device of the first batch (see the module docstring on precision).
+    sum_M_even : Tensor or None
+        ``Σ_b X_bᵀ G_b X_b`` over the samples of even index; None with ``split_half=False``.
     elapsed : float
         Seconds spent in ``update`` (synchronised on CUDA).
     host_reads : int
@@ -98,9 +100,10 @@ class Statistics:
         Fallbacks that happened while accumulating.
     split_half : bool
         Keep ``Σ M_b`` over the samples of even index (:attr:`sum_M_even`, :meth:`half_sums`): what a ridge's
-        strength, the split-half estimate and a one-batch ``+holdout`` split are made from. Default True: the
-        statistics every built-in strategy's ``new_statistics`` makes. False keeps the two Gram sums alone (7–20 %
-        less time at d_e = 64 to 1024, CPU: one product of half the batch fewer), as the floor does.
+        strength, the split-half estimate and a one-batch ``+holdout`` split are made from. Default True, so that
+        these statistics fit every strategy; a strategy's ``new_statistics`` keeps them only where it reads them.
+        False keeps the two Gram sums alone (7–20 % less time at d_e = 64 to 1024, CPU: one product of half the
+        batch fewer), as the floor does.
     keep_one_batch : bool
         Keep, while the statistics hold one batch, the products a growth on that batch uses again: the rows of
         ``X`` and ``G X`` of its samples of even index (about ``X``'s size), so that :meth:`even_half` needs no

@@ -48,7 +48,7 @@ def batches(n: int = 3, b: int = 5, d_s: int = 6, d_e: int = 4, seed: int = 0):
 @pytest.mark.parametrize("averaging", ["gram", "per-sample", "mean-input", "joint"])
 def test_without_last_equals_statistics_of_the_other_batches(averaging):
     data = batches()
-    strategy = strategies.make(f"{averaging}/solve/full/normal:grid")
+    strategy = strategies.make(f"{averaging}/solve/full/normal+shrink:grid")  # +shrink: statistics with half sums
     whole = strategy.new_statistics()
     for X, G in data:
         whole.update(X, G)
@@ -126,10 +126,12 @@ def test_the_floors_statistics_are_the_two_gram_sums_alone():
     assert statistics_over(None, [(c.X, c.G, c.mask) for c in caps]).sum_M_even is None
 
 
-@pytest.mark.parametrize("spec", ["default", "gram/solve/full+metric/fast:quadratic", "formula2"])
+@pytest.mark.parametrize("spec", ["default", "gram/ridge/rsvd+metric/normal:bracket",
+                                  "gram/solve/full/normal+shrink:grid", "gram/pinv/rsvd+metric/normal+shrink:bracket",
+                                  "gram/solve/full+metric/fast+holdout:bracket"])
 def test_a_growth_refuses_statistics_without_the_half_sums_before_any_work(spec):
-    """Every built-in strategy's own statistics keep the half sums; handed the floor's, a growth says so in one line
-    before it calls the loss."""
+    """A strategy whose own statistics keep the half sums (a ridge choosing its strength, ``+shrink``, ``+holdout``),
+    handed the floor's, says so in one line before it calls the loss."""
     (X, G), = batches(n=1, b=6, d_s=5, d_e=4)
     W_Q, W_K = factors(4, 2, seed=1)
     loss = Counted(attention_loss(6, 5, seed=2))
@@ -137,6 +139,25 @@ def test_a_growth_refuses_statistics_without_the_half_sums_before_any_work(spec)
         strategies.make(spec).grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss,
                                    stats=Statistics(split_half=False).update(X, G))
     assert loss.calls == 0
+
+
+@pytest.mark.parametrize("spec", ["gram/solve/full+metric/fast:quadratic", "gram/pinv/rsvd/normal:bracket",
+                                  "gram/solve/full/normal:grid", "mean-input/solve/full/normal:grid", "formula1",
+                                  "joint", "random", "zero"])
+def test_a_strategy_that_reads_no_half_sums_keeps_none_and_grows_the_same(spec):
+    """The half sums cost a product of half the batch at every update: a strategy that never reads them (no ridge
+    choosing its strength, no ``+shrink``, no ``+holdout``) keeps none, and its growth from statistics that hold
+    them (``Statistics()``, any strategy's) is bit for bit the growth from its own."""
+    s = strategies.make(spec)
+    (X, G), = batches(n=1, b=6, d_s=5, d_e=4)
+    own = s.new_statistics().update(X, G)
+    assert own.sum_M_even is None
+    if type(own) is Statistics:
+        W_Q, W_K = factors(4, 2, seed=1)
+        loss = attention_loss(6, 5, seed=2)
+        a = s.grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss, stats=own)
+        b = s.grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss, stats=Statistics().update(X, G))
+        assert torch.equal(a.W_Q, b.W_Q) and torch.equal(a.W_K, b.W_K) and a.lam == b.lam
 
 def test_batch_index_finds_a_batch_by_its_content():
     data = batches()
