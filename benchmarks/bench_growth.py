@@ -51,8 +51,8 @@ class TrackDefault:
         self.strategies = common.require("strategies", "make", "Statistics")
         self.s = common.make("default")
         self.r = self.prob.grow(self.s)  # warm-up, and the result the counts read
-        # The two Gram sums alone. Before split_half existed, Statistics() also formed the even samples' Σ M (an
-        # eighth to a sixth of the update): commits before it are tracked against that larger floor.
+        # The two Gram sums alone. Before split_half existed, Statistics() also formed the even samples' Σ M (7–20 %
+        # of the update at d_e 64 to 1024): commits before it are tracked against that larger floor.
         Statistics = self.strategies.Statistics
         self._plain = ({"split_half": False} if "split_half" in inspect.signature(Statistics).parameters else {})
 

@@ -113,6 +113,9 @@ class Statistics:
         :meth:`~strategies.growth.GrowthStrategy.new_statistics` sets it; default False.
     """
 
+    #: The class's default, for statistics pickled before the attribute existed (they kept the half sums).
+    split_half: bool = True
+
     def __init__(self, keep_one_batch: bool = False, split_half: bool = True) -> None:
         self.keep_one_batch = keep_one_batch
         self.split_half = split_half
