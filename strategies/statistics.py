@@ -193,17 +193,19 @@ class Statistics:
             d_e = X.shape[-1]
             GX = G @ X  # (b, d_s, d_e)
             Xf = X.reshape(-1, d_e)
-            # One GEMM over the flattened batch instead of b small ones; and one of half the size for the samples of
-            # even index (across batches). The whole M keeps its own product so that its rounding is the batch's.
-            # Where a growth on this one batch will want each sample's Gram matrix, Σ A_b is their sum instead: the
-            # same work as the one GEMM, not twice it.
+            # One GEMM over the flattened batch instead of b small ones; and, with split_half, one of half the size for
+            # the samples of even index (across batches). The whole M keeps its own product so that its rounding is
+            # the batch's. Where a growth on this one batch will want each sample's Gram matrix, Σ A_b is their sum
+            # instead: the same work as the one GEMM, not twice it.
             A, grams = _gram_sum(X, self.keep_one_batch and self.sum_A is None and grams_pay(X, mask))
             M = Xf.mT @ GX.reshape(-1, d_e)
             # The samples of even index, counted from the first sample seen: every other one from the first or the
             # second. A slice, not a boolean index (the same numbers, without building and searching a mask).
-            first = self.n % 2
-            even_rows = (X[first::2].reshape(-1, d_e), GX[first::2].reshape(-1, d_e)) if self.split_half else None
-            M_even = even_rows[0].mT @ even_rows[1] if self.split_half else None
+            even_rows = M_even = None
+            if self.split_half:
+                first = self.n % 2
+                even_rows = (X[first::2].reshape(-1, d_e), GX[first::2].reshape(-1, d_e))
+                M_even = even_rows[0].mT @ even_rows[1]
             last, self._last = self._last, {}
             try:  # first: a batch the subclass refuses (another d_s, a failed factorisation) leaves every sum as it was
                 self._accumulate(X, G, GX, mask)

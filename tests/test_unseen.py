@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import pickle
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -102,7 +101,6 @@ def test_half_sums_are_the_even_and_odd_samples_across_batches():
     assert stats.tokens == 15 * 6
 
 
-
 def test_the_floors_statistics_are_the_two_gram_sums_alone():
     """``split_half=False`` (the floor's statistics, ``statistics_over(None, ...)``) keeps ``Σ A_b`` and ``Σ M_b``,
     the very products of the full statistics, against sums sample by sample, and no half sums: asking for them is
@@ -122,8 +120,7 @@ def test_the_floors_statistics_are_the_two_gram_sums_alone():
     assert torch.equal(plain.without_last().sum_M, full.without_last().sum_M)
     one = Statistics(split_half=False).update(*data[0])
     assert one.even_half(*data[0]) is None
-    caps = [SimpleNamespace(X=x, G=[g], mask=None) for x, g in data]
-    assert statistics_over(None, [(c.X, c.G, c.mask) for c in caps]).sum_M_even is None
+    assert statistics_over(None, [(x, [g], None) for x, g in data]).sum_M_even is None  # (X, G per head, mask)
 
 
 @pytest.mark.parametrize("spec", ["default", "gram/ridge/rsvd+metric/normal:bracket",
@@ -158,6 +155,7 @@ def test_a_strategy_that_reads_no_half_sums_keeps_none_and_grows_the_same(spec):
         a = s.grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss, stats=own)
         b = s.grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss, stats=Statistics().update(X, G))
         assert torch.equal(a.W_Q, b.W_Q) and torch.equal(a.W_K, b.W_K) and a.lam == b.lam
+
 
 def test_batch_index_finds_a_batch_by_its_content():
     data = batches()
