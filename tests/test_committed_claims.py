@@ -142,7 +142,7 @@ def test_the_h200_scale_sets_per_seed_table_is_its_runs():
     runs = runs[(runs.status == "ok") & (runs.d_e == 4096)]
     gain = (100 * runs.heldout_decrease / runs.heldout_before).groupby([runs.strategy, runs.seed]).first()
     text = (ROOT / "docs/results.md").read_text()
-    table = text.split("| strategy at d_e = 4096 | seed 0 | seed 1 |")[1].split("\n\n")[0]
+    table = text.split("| strategy at d_e = 4096 | seed 0 | seed 1 |\n")[1].split("\n\n")[0]
     rows = re.findall(r"^\| `([^`]+)`[^|]* \| ([^|]+) \| ([^|]+) \|$", table, flags=re.M)
     assert {spec for spec, *_ in rows} == set(gain.index.get_level_values(0))
     for spec, *cells in rows:
@@ -151,3 +151,78 @@ def test_the_h200_scale_sets_per_seed_table_is_its_runs():
             assert gain[spec, seed] == pytest.approx(quoted, abs=5e-4), (spec, seed)
     mean, low, high = _interval(gain["gram/ridge/rsvd+metric/normal:bracket"])
     assert f"+{mean:.3f} % [{low:.3f}, +{high:.3f}]".replace("-", "−") in text
+
+
+FOURTH_LEASE = ROOT / "reports/cuda/h200-2026-11-28"
+
+
+def _fourth_lease_section() -> str:
+    text = (ROOT / "docs/results.md").read_text()
+    return text.split("## The GPU lease of the eleventh stop")[1].split("\n## ")[0]
+
+
+def _gain_percent(runs: pd.DataFrame) -> pd.Series:
+    return 100 * runs.heldout_decrease / runs.heldout_before
+
+
+def test_the_fourth_leases_per_seed_table_and_the_cuda_large_choice_are_their_runs():
+    """The per-seed held-out gains at d_e = 4096 that docs/results.md quotes for the fourth lease (seeds 0 and 1 from
+    the third lease's runs, seed 2 from the fourth's), the choice's interval over the three seeds, and
+    default.json's and the GPU report's cuda/large entry, all recomputed from the committed runs."""
+    runs = pd.concat([pd.read_csv(ROOT / "reports/cuda/h200-2026-11-27/runs.csv"),
+                      pd.read_csv(FOURTH_LEASE / "runs.csv")])
+    runs = runs[(runs.status == "ok") & (runs.d_e == 4096)]
+    gain = _gain_percent(runs).groupby([runs.strategy, runs.seed]).first()
+    section = _fourth_lease_section()
+    table = section.split("| strategy at d_e = 4096 | seed 0 | seed 1 | seed 2 |\n")[1].split("\n\n")[0]
+    rows = re.findall(r"^\| `([^`]+)`([^|]*) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", table, flags=re.M)
+    assert len(rows) == 4
+    for spec, _, *cells in rows:
+        for seed, cell in enumerate(cells):
+            quoted = 0.0 if cell.strip().startswith("0 (no step)") else float(cell)
+            assert gain[spec, seed] == pytest.approx(quoted, abs=5e-4), (spec, seed)
+    (choice,) = [spec for spec, note, *_ in rows if "(the choice)" in note]
+    mean, low, high = _interval(gain[choice])
+    assert low > 0 and f"{mean:+.3f} % [{low:+.3f}, {high:+.3f}]" in section
+    for file in (ROOT / "strategies/default.json", ROOT / "reports/cuda/recommendation.json"):
+        entry = json.loads(file.read_text())["regimes"]["cuda/large"]
+        assert entry["spec"] == choice and entry["generalises"] and not entry["fallback"], file
+        quoted = entry["evidence"]["teacher:device_draw=true"]["heldout_gain"][:3]
+        assert quoted == pytest.approx([mean / 100, low / 100, high / 100], rel=1e-9), file
+
+
+def test_the_fourth_leases_repeated_runs_agree_with_the_second_leases_as_quoted():
+    """The fourth lease's runs that repeat a run of the GPU report (same strategy, configuration and seed): as many
+    as docs/results.md says, their held-out gains within the points it quotes, its largest gap the pair it names."""
+    config = ["strategy", "dataset", "d_s", "d_e", "b", "d_k", "p", "seed", "n_batches", "repeats", "warmup_steps"]
+    lease = pd.read_csv(FOURTH_LEASE / "runs.csv")
+    report = pd.read_csv(ROOT / "reports/cuda/runs.csv")
+    report = report[~report.key.isin(lease.key)]  # the report holds the lease's d_e = 4096 runs too
+    pairs = lease.assign(gain=_gain_percent(lease)).merge(report.assign(gain=_gain_percent(report)), on=config,
+                                                          suffixes=("_new", "_old"))
+    gap = (pairs.gain_new - pairs.gain_old).abs()
+    section = _fourth_lease_section()
+    count = int(re.search(r"Of these, (\d+) repeat a run of the second lease", section).group(1))
+    within = float(re.search(r"agree within ([0-9.]+) points", section).group(1))
+    assert len(pairs) == count and gap.max() <= within < gap.max() + 0.001
+    worst = pairs.loc[gap.idxmax()]
+    flag = worst.strategy.split(":")[0].split("+")[-1]
+    assert (f"`+{flag}`'s bracket at {worst.d_e}, {worst.gain_old:.3f} % → {worst.gain_new:.3f} %"
+            in " ".join(section.split()))
+    assert set(pairs.device_name_old) == {"NVIDIA H100 80GB HBM3"} and set(pairs.device_name_new) == {"NVIDIA H200"}
+
+
+def test_the_fourth_leases_targets_table_is_its_output():
+    """Each row of the GPU targets table in docs/results.md (the default's time and multiple of its floor) is a line
+    of the lease's raw output."""
+    raw = (FOURTH_LEASE / "targets.md").read_text()
+    table = _fourth_lease_section().split("| d_e | default | its floor |")[1].split("\n\n")[0]
+    rows = re.findall(r"^\| (\d+)( \(targets' batch\))? \| ([0-9.]+) ms \| ([0-9.]+) ms \| \*\*([0-9.]+)×\*\* \|",
+                      table, flags=re.M)
+    assert len(rows) == 7
+    for d_e, batch, ms, _, times in rows:
+        if batch:
+            line = re.search(rf"\| d_e={d_e}: default ≤ 3× its floor \| (?P<x>[0-9.]+)× \((?P<ms>[0-9.]+) ms", raw)
+        else:
+            line = re.search(rf"d_e={d_e} default: (?P<ms>[0-9.]+) ms \((?P<x>[0-9.]+)× floor\)", raw)
+        assert (round(float(line["x"]), 1), float(line["ms"])) == (float(times), float(ms)), d_e
