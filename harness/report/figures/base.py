@@ -253,11 +253,14 @@ def label_points(ax: plt.Axes, points: list[tuple[float, float, str, str]], obst
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer).padded(-4)
     taken = [Bbox(ax.transData.transform(box.get_points())) for box in obstacles]
+    sized = []
     for x, y, text, color in _merge_coincident(ax, points):
-        px, py = ax.transData.transform((x, y))
         probe = ax.text(0, 0, text, fontsize=fontsize, transform=None)
-        size = probe.get_window_extent(renderer)
+        sized.append((x, y, text, color, probe.get_window_extent(renderer)))
         probe.remove()
+    # The largest first: a long name fits in fewer places, and a short one placed before it could take its only one
+    for x, y, text, color, size in sorted(sized, key=lambda s: -s[4].width * s[4].height):
+        px, py = ax.transData.transform((x, y))
         # The first free place; where none is, the one covering least (outside the panel never).
         best, best_cost = None, math.inf
         for x0, y0 in _candidates(size.width + 2, size.height + 2):
