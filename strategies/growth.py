@@ -187,8 +187,7 @@ class Strategy(ABC):
                 own = self.new_statistics()._add(X, G, mask)  # grow() has validated the batch
             _host_reads(ctx, own.host_reads)
             return own
-        self._check_stats(stats, X.shape[-1])
-        return stats
+        return stats  # a caller's, checked by its entry point (grow's inputs, path_statistics) before any work
 
     def _check_stats(self, stats: Statistics, d_e: int) -> None:
         """Refuse a caller's statistics this strategy cannot use: another kind, empty, without the half sums its own
@@ -773,6 +772,8 @@ class GrowthStrategy(Strategy):
     def path_statistics(self, ctx: StepContext, stats: Statistics | None) -> Statistics:
         """The statistics whose direction the step moves along: those of :meth:`grow`'s step (every sample's
         under ``+holdout``, which refits), for measurements along the path."""
+        if stats is not None:
+            self._check_stats(stats, ctx.X.shape[-1])
         stats = self._stats(ctx, stats)  # sets ctx.refit_stats where the step refits
         if ctx.refit_stats is None:
             return stats
