@@ -632,7 +632,8 @@ def _host_reads(ctx: StepContext, n: int) -> None:
 
 def _batch_gradient(ctx: StepContext, stats: Statistics, caller_stats: Statistics | None) -> Tensor | None:
     """``Σ_b X_bᵀ G_b X_b`` of the batch ``grow`` was given, ``(d_e, d_e)``, where statistics already hold it as
-    :func:`finish_step` would compute it (the same products of the same numbers, so bit for bit); None otherwise.
+    :func:`finish_step` would compute it (the same sum of the same numbers, to the rounding of statistics that add
+    it from its two halves' products, ``split_half``); None otherwise.
 
     That is the case for statistics the growth made of the batch alone (``+holdout``'s full ones included),
     and for the caller's statistics whose last update had the very tensors given to ``grow``

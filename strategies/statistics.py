@@ -8,11 +8,12 @@ extend it in :mod:`strategies.averaging`.
 
 Two more things make a step judge itself by data it did not fit (docs/mathematics.md §5.4):
 
-- ``Σ M_b`` over the samples of even index (counted across batches) is kept too, one product
-  of half the batch: with ``Σ M_b`` it gives the two halves of the samples, and directions made
-  from each half estimate how much of a step's in-sample decrease is signal
-  (:mod:`strategies.signal`). ``Statistics(split_half=False)`` keeps the two Gram sums alone: the
-  least any growth pays, the statistics of the floor growths are timed against.
+- ``Σ M_b`` over the samples of even index (counted across batches) is kept too: ``Σ M_b`` is then
+  formed as the sum of its two halves' products, no more arithmetic than one product, and the two
+  halves of the samples give directions whose agreement estimates how much of a step's in-sample
+  decrease is signal (:mod:`strategies.signal`). ``Statistics(split_half=False)`` keeps the two
+  Gram sums alone, each one product: the least any growth pays, the statistics of the floor
+  growths are timed against.
 - The last batch's contribution is kept apart, so :meth:`Statistics.without_last` can hand
   a ``+holdout`` line search statistics that never saw the batch it chooses λ on. A cheap
   fingerprint of every batch (its shape, float64 sum and sum of squares) tells which batches
@@ -102,8 +103,8 @@ class Statistics:
         Keep ``Σ M_b`` over the samples of even index (:attr:`sum_M_even`, :meth:`half_sums`): what a ridge's
         strength, the split-half estimate and a one-batch ``+holdout`` split are made from. Default True, so that
         these statistics fit every strategy; a strategy's ``new_statistics`` keeps them only where it reads them.
-        False keeps the two Gram sums alone (7–20 % less time at d_e = 64 to 1024, CPU: one product of half the
-        batch fewer), as the floor does.
+        False keeps the two Gram sums alone, as the floor does, each one product over the batch (True splits
+        ``Σ M_b``'s product in two, copying each half's rows: the same arithmetic, a different rounding).
     keep_one_batch : bool
         Keep, while the statistics hold one batch, the products a growth on that batch uses again: the rows of
         ``X`` and ``G X`` of its samples of even index (about ``X``'s size), so that :meth:`even_half` needs no
@@ -192,20 +193,21 @@ class Statistics:
                 G = G.masked_fill(~mask, 0.0)
             d_e = X.shape[-1]
             GX = G @ X  # (b, d_s, d_e)
-            Xf = X.reshape(-1, d_e)
-            # One GEMM over the flattened batch instead of b small ones; and, with split_half, one of half the size for
-            # the samples of even index (across batches). The whole M keeps its own product so that its rounding is
-            # the batch's. Where a growth on this one batch will want each sample's Gram matrix, Σ A_b is their sum
-            # instead: the same work as the one GEMM, not twice it.
+            # One GEMM over the flattened batch instead of b small ones. Where a growth on this one batch will want
+            # each sample's Gram matrix, Σ A_b is their sum instead: the same work as the one GEMM, not twice it.
             A, grams = _gram_sum(X, self.keep_one_batch and self.sum_A is None and grams_pay(X, mask))
-            M = Xf.mT @ GX.reshape(-1, d_e)
-            # The samples of even index, counted from the first sample seen: every other one from the first or the
-            # second. A slice, not a boolean index (the same numbers, without building and searching a mask).
+            # With split_half, Σ M_b is the sum of its two halves' products, the samples of even index and those of
+            # odd index, counted from the first sample seen (every other one from the first or the second; slices,
+            # not a boolean index): the same arithmetic as the one product, where a product of one half on top of it
+            # cost 7-20 % of the statistics. Each batch's two halves then add up to its M exactly.
             even_rows = M_even = None
             if self.split_half:
                 first = self.n % 2
                 even_rows = (X[first::2].reshape(-1, d_e), GX[first::2].reshape(-1, d_e))
                 M_even = even_rows[0].mT @ even_rows[1]
+                M = M_even + X[1 - first::2].reshape(-1, d_e).mT @ GX[1 - first::2].reshape(-1, d_e)
+            else:
+                M = X.reshape(-1, d_e).mT @ GX.reshape(-1, d_e)
             last, self._last = self._last, {}
             try:  # first: a batch the subclass refuses (another d_s, a failed factorisation) leaves every sum as it was
                 self._accumulate(X, G, GX, mask)
@@ -251,12 +253,14 @@ class Statistics:
 
     def even_half(self, X: Tensor, G: Tensor, mask: Tensor | None = None) -> Statistics | None:
         """The statistics of the samples of even index of ``(X, G, mask)``, the one batch these statistics hold, as
-        ``update`` on them would make them (a growth's one-batch ``+holdout`` split); None where they cannot be
-        derived: statistics of another batch count or size, or of a subclass, which keeps more than the Gram sums.
+        ``update`` on them would make them up to the rounding of ``Σ M_b`` (a growth's one-batch ``+holdout``
+        split); None where they cannot be derived: statistics of another batch count or size, or of a subclass,
+        which keeps more than the Gram sums.
 
-        Their ``Σ M_b`` is this one's ``sum_M_even`` already; only ``Σ A_b`` over them and their own split (the
-        samples of index ``0 mod 4``) are computed: about half the work of accumulating them afresh, with every
-        sum the same products of the same numbers. Where the statistics still hold the rows of ``X`` and ``G X``
+        Their ``Σ M_b`` is this one's ``sum_M_even`` already (one product, where ``update`` would add its two
+        halves'); only ``Σ A_b`` over them and their own split (the samples of index ``0 mod 4``) are computed:
+        about half the work of accumulating them afresh, ``Σ A_b`` and the split the same products of the same
+        numbers. Where the statistics still hold the rows of ``X`` and ``G X``
         their ``Σ M_even`` took, those serve (no copy of the half and no product with ``G`` again), and where they
         hold each sample's Gram matrix, ``Σ A_b`` over the half is a sum of those.
         """

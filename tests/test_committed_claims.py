@@ -226,3 +226,29 @@ def test_the_fourth_leases_targets_table_is_its_output():
         else:
             line = re.search(rf"d_e={d_e} default: (?P<ms>[0-9.]+) ms \((?P<x>[0-9.]+)× floor\)", raw)
         assert (round(float(line["x"]), 1), float(line["ms"])) == (float(times), float(ms)), d_e
+
+
+def _written(text: str, value: float) -> bool:
+    """Whether ``value`` rounds to ``text`` at the decimals ``text`` is written with."""
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return round(value, decimals) == float(text)
+
+
+def test_the_twelfth_stops_cpu_targets_table_is_its_output():
+    """The CPU targets table of the twelfth stop in docs/results.md (this run's column) is the committed raw output of
+    that ``growbench targets`` run: the targets' own batch from its target lines, the scale part from its table."""
+    raw = (ROOT / "reports/targets/cpu-2026-11-28.md").read_text()
+    section = (ROOT / "docs/results.md").read_text().split("## The split-half sums without a product")[1]
+    table = section.split("| | the tenth stop | this run | target 3× |")[1].split("\n\n")[0]
+    own = re.findall(r"^\| d_e = (\d+) \| [^|]+ \| \*\*([0-9.]+)×\*\* \(([0-9.]+) against ([0-9.]+) ms", table, re.M)
+    scale = re.findall(r"^\| scale part, d_e = (\d+) \| [^|]+ \| (?:\*\*)?([0-9.]+)×(?:\*\*)? \(([0-9.]+) ms; floor "
+                       r"([0-9.]+) ms", table, re.M)
+    assert len(own) == 2 and len(scale) == 4
+    for d_e, x, ms, floor in own:
+        line = re.search(rf"\| d_e={d_e}: default ≤ 3× its floor \| {re.escape(x)}× \({re.escape(ms)} ms vs "
+                         rf"{re.escape(floor)} ms\)", raw)
+        assert line is not None, d_e
+    rows = {int(m[0]): m[1:] for m in re.findall(r"^\s*(\d+)\s+default\s+(\S+)\s+(\S+)\s+(\S+)", raw, re.M)}
+    for d_e, x, ms, floor in scale:
+        t_total, t_floor, x_floor = map(float, rows[int(d_e)])
+        assert _written(ms, t_total) and _written(floor, t_floor) and _written(x, x_floor), d_e

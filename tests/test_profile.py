@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from conftest import DT, anisotropic_X, attention_loss, causal, factors, grad_of, rel_err
+from conftest import DT, anisotropic_X, attention_loss, causal, factors, grad_of, np64, rel_err
 
 from growbench import strategies
 from growbench.strategies import inverse as inv
@@ -121,8 +121,9 @@ def brute_first_order(X: torch.Tensor, G: torch.Tensor, dZ: torch.Tensor, mask: 
 @pytest.mark.parametrize("batches", [1, 2])
 def test_the_batch_gradient_from_the_statistics_gives_the_numbers_of_a_fresh_one(spec, batches, mask):
     """Statistics whose last update had these very tensors hand the growth their ``Σ X_bᵀ G_b X_b``; the same
-    numbers in copies (not the last batch by identity) make the growth compute it. Both results are equal bit
-    for bit, and their first-order decrease is the float64 brute-force one."""
+    numbers in copies (not the last batch by identity) make the growth compute it, in one product where the
+    statistics add two halves' (``split_half``). Both results agree to rounding, and their first-order decrease is
+    the float64 brute-force one."""
     X, G, W_Q, W_K, m, loss = problem(mask=mask)
     s = strategies.make(spec)
     results = []
@@ -135,8 +136,9 @@ def test_the_batch_gradient_from_the_statistics_gives_the_numbers_of_a_fresh_one
         assert stats.is_last(*args) == same
         results.append(s.grow(W_Q, W_K, args[0], args[1], p=2, loss_of_scores=loss, mask=args[2], stats=stats))
     a, b = results
-    assert a.lam == b.lam and a.loss_after == b.loss_after and a.first_order_decrease == b.first_order_decrease
-    assert torch.equal(a.W_Q, b.W_Q) and torch.equal(a.W_K, b.W_K)
+    assert a.lam == pytest.approx(b.lam, rel=1e-9) and a.loss_after == pytest.approx(b.loss_after, rel=1e-12)
+    assert a.first_order_decrease == pytest.approx(b.first_order_decrease, rel=1e-12, abs=1e-15)
+    assert rel_err(a.W_Q, np64(b.W_Q)) < 1e-9 and rel_err(a.W_K, np64(b.W_K)) < 1e-9
     ref = brute_first_order(X, G, a.dZ, m)
     assert a.first_order_decrease == pytest.approx(ref, rel=1e-9, abs=1e-12)
 
