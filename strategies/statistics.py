@@ -260,9 +260,9 @@ class Statistics:
         Their ``Σ M_b`` is this one's ``sum_M_even`` already (one product, where ``update`` would add its two
         halves'); only ``Σ A_b`` over them and their own split (the samples of index ``0 mod 4``) are computed:
         about half the work of accumulating them afresh, ``Σ A_b`` and the split the same products of the same
-        numbers. Where the statistics still hold the rows of ``X`` and ``G X``
-        their ``Σ M_even`` took, those serve (no copy of the half and no product with ``G`` again), and where they
-        hold each sample's Gram matrix, ``Σ A_b`` over the half is a sum of those.
+        numbers. Where the statistics still hold the rows of ``X`` and ``G X`` their ``Σ M_even`` took, those serve
+        (no copy of the half and no product with ``G`` again), and where they hold each sample's Gram matrix,
+        ``Σ A_b`` over the half is a sum of those.
         """
         if (type(self) is not Statistics or self.sum_M_even is None or self.n_batches != 1 or self.n != X.shape[0]
                 or X.shape[0] < 2):
