@@ -54,6 +54,7 @@ from ._checks import (
 )
 from .averaging import Averaging, Direction, Rotated
 from .line_search import LineSearch, SearchProblem, factor_scores, truncated_scores
+from .path_slope import truncated_path_slope
 from .result import GrowthResult
 from .score_change import SampleGrams, SketchedNorms, grams_pay, sketch_pays
 from .scores_loss import CountedLoss
@@ -959,13 +960,29 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
     # X contiguous: every trial's scores take the moved samples' X in one product (factor_scores).
     X_moved, P_hat = X[moved].contiguous(), P / norm
     mask_moved = mask if mask is None or mask.dim() == 2 else mask[moved]
+    P_w_hat = None if P_whitened is None else P_whitened / norm
+
+    def path_slope() -> float:
+        """The truncated path's slope at λ = 0⁺ with the penalty, for a search that models the normal path."""
+        gradient = ctx.M_batch if held is None else ctx.M_heldout
+        if gradient is None:  # statistics not of this batch alone: one pass over the moved samples
+            G = ctx.G[moved] if ctx.mask is None else ctx.G[moved].masked_fill(~mask_moved, 0.0)
+            gradient = X_moved.reshape(-1, X.shape[-1]).mT @ (G @ X_moved).reshape(-1, X.shape[-1])
+        factors = ctx.Z_factors if ctx.Z_factors is not None else (ctx.Z, torch.eye(*ctx.Z.shape, dtype=ctx.Z.dtype,
+                                                                                      device=ctx.Z.device))
+        slope_t = truncated_path_slope(gradient.to(dtype=X.dtype, device=X.device), P_hat, factors, rank,
+                                       strategy.truncation, metric, P_w_hat)
+        _host_reads(ctx, 2)  # Z's rank, the slope
+        path = float(slope_t) * ctx.g_scale
+        ctx.info["path_slope_share"] = path / slope if slope else math.nan
+        return path + penalty if math.isfinite(path) else math.nan
     return SearchProblem(
         loss=loss, X=X_moved, Z=ctx.Z, P_hat=P_hat, S0=S0,
         D_hat=D_moved.div_(norm) if D_moved is not None else lambda: _masked(X_moved @ P_hat @ X_moved.mT, mask_moved),
         loss0=ctx.loss0, truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope + penalty,
         timings=ctx.timings, penalty=penalty,
-        along=strategy.truncation.along(ctx.Z, P_hat, rank, metric, Z_factors=ctx.Z_factors,
-                                        P_whitened=None if P_whitened is None else P_whitened / norm),
+        along=strategy.truncation.along(ctx.Z, P_hat, rank, metric, Z_factors=ctx.Z_factors, P_whitened=P_w_hat),
+        path_slope0=path_slope,
     )
 
 

@@ -100,6 +100,10 @@ class SearchProblem:
         ``λ -> T_r(Z − λP̂)`` as ``(U, s, V)``, cheaper than ``truncate`` on each step where the truncation can
         prepare the path once (:meth:`strategies.truncation.Truncation.along`). Read it through
         :meth:`step_factors`.
+    path_slope0 : float or callable, optional
+        The truncated path's slope at ``λ = 0⁺`` (with ``penalty`` added), or a function of no arguments that
+        finds it (:func:`strategies.path_slope.truncated_path_slope`); NaN where unknown. Read it through
+        :meth:`truncated_slope`.
     """
 
     loss: Callable[[Tensor], Tensor]
@@ -115,6 +119,7 @@ class SearchProblem:
     timings: dict[str, float] | None = None
     penalty: float = 0.0
     along: Callable[[Tensor | float], tuple[Tensor, Tensor, Tensor]] | None = None
+    path_slope0: float | Callable[[], float] = math.nan
     _steps: dict[float, tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict, init=False, repr=False)
 
     def direction_scores(self) -> Tensor:
@@ -122,6 +127,13 @@ class SearchProblem:
         if callable(self.D_hat):
             self.D_hat = self.D_hat()
         return self.D_hat
+
+    def truncated_slope(self) -> float:
+        """The normal path's slope at ``λ = 0⁺`` (penalty added), found on the first call where the problem holds
+        how to find it; ``slope0`` where it holds neither."""
+        if callable(self.path_slope0):
+            self.path_slope0 = self.path_slope0()
+        return self.path_slope0 if math.isfinite(self.path_slope0) else self.slope0
 
     def step_factors(self, lam: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
         """``T_r(Z − λP̂)`` as ``(U, s, V)``. A float λ's factors are kept: the search's finishing step truncates
@@ -234,6 +246,10 @@ class LineSearch(ABC):
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
         """Scores ``(b, d_s, d_s)`` at step ``lam`` (differentiable in a tensor ``lam``)."""
 
+    def model_slope(self, prob: SearchProblem) -> float:
+        """``φ'(0)`` of this path, as the bracket search's model takes it: the fast path's ``slope0``."""
+        return prob.slope0
+
     def phi(self, prob: SearchProblem, lam: float) -> float:
         """The loss at ``lam`` plus ``prob.penalty · lam``; non-finite losses become ``+inf`` so a search steps
         away from them."""
@@ -299,18 +315,20 @@ class LineSearch(ABC):
         of 4: :data:`SETTLE_LOG_WIDTH`), when the bracket is narrower than ±5% on λ (:data:`LOG_TOL`), or after
         ``max_trials``.
         """
-        f0, g0 = prob.loss0, prob.slope0
+        f0 = prob.loss0
+        if not (math.isfinite(prob.slope0) and (prob.slope0 < 0 or prob.penalty > 0)):
+            log.append(f"bracket: slope {prob.slope0:.3g} at λ=0 is not a descent; λ = 0")
+            return 0.0, f0
+        g0 = self.model_slope(prob)
         trials: dict[float, float] = {}
-        if not (math.isfinite(g0) and g0 < 0):
-            if not (prob.penalty > 0 and math.isfinite(g0)):
-                log.append(f"bracket: slope {g0:.3g} at λ=0 is not a descent; λ = 0")
-                return 0.0, f0
-            # +shrink: the optimism penalty cancels the untruncated path's slope, but the truncated path can fall
-            # faster than that; one trial tells, and its secant stands in for the slope.
+        if not g0 < 0:
+            # +shrink's penalty can cancel the slope, and the truncation can flatten it, yet the path fall further
+            # on: one trial tells, and its secant stands in for the slope.
             first = self.phi(prob, prob.lam_unit)
             if not first < f0:
-                log.append("bracket: the in-sample slope is all optimism and one trial does not decrease the "
-                           "penalised loss; λ = 0")
+                info["bracket_trials"] = 1
+                log.append("bracket: the slope at λ=0 is no descent (the in-sample slope all optimism, or the "
+                           "truncated path's flat) and one trial does not decrease the penalised loss; λ = 0")
                 return 0.0, f0
             trials[prob.lam_unit] = first
             g0 = (first - f0) / prob.lam_unit
@@ -354,7 +372,7 @@ class LineSearch(ABC):
         u_hi = math.log(right)
         if left > 0 and u_hi - u_lo <= 2 * LOG_TOL:
             return None
-        # A parabola through trials decades apart can miss the basin entirely, and match the next trial by luck.
+        # A model fitted to trials decades apart can miss the basin entirely, and match the next trial by luck.
         if settled and (left == 0 or u_hi - u_lo <= SETTLE_LOG_WIDTH):
             return None
         return self._inside_bracket(model, lam, (u_lo, u_hi), trusted, inside)
@@ -548,8 +566,11 @@ class LineSearch(ABC):
 
 def _first_trial(prob: SearchProblem) -> float:
     """``λ_1`` of ``quadratic`` and ``bracket``: one RMS logit per entry, capped by the step at which the linear
-    model would remove the whole loss (``φ(0)/|φ'(0)|``, for a positive loss and a descent slope)."""
-    return min(prob.lam_unit, prob.loss0 / -prob.slope0) if prob.loss0 > 0 else prob.lam_unit
+    model would remove the whole loss (``φ(0)/|φ'(0)|``, for a positive loss and a descent slope ``slope0``: the
+    fast path's, also where the bracket search models the normal path with its own)."""
+    if prob.loss0 > 0 and prob.slope0 < 0:
+        return min(prob.lam_unit, prob.loss0 / -prob.slope0)
+    return prob.lam_unit
 
 
 def factor_scores(X: Tensor, A: Tensor, B: Tensor) -> Tensor:
@@ -578,6 +599,13 @@ class NormalSearch(LineSearch):
 
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
         return truncated_scores(prob.X, *prob.step_factors(lam))
+
+    def model_slope(self, prob: SearchProblem) -> float:
+        """The truncated path's own slope at ``λ = 0⁺`` (:meth:`SearchProblem.truncated_slope`): where ``P̂`` has
+        more weight outside ``Z``'s spaces than the rank keeps, the untruncated one is steeper (1.8 times at the
+        scale set's ``d_e = 1024``, 3 times with the ``+shrink`` penalty; docs/mathematics.md §5.1), and a model
+        fitted to it misplaces the trials."""
+        return prob.truncated_slope()
 
 
 @register("line_search")

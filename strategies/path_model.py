@@ -12,23 +12,23 @@ import numpy as np
 
 
 class LocalModel:
-    """``φ`` near the best trial, fitted to the trials beside it and to ``φ(0)``, ``φ'(0)``.
+    """``φ`` near the best trial: the cubic ``φ(0) + φ'(0) λ + a λ² + c λ³`` through the best trial and its
+    neighbour on the side of λ = 0 (its neighbour above where it is the smallest trial; a quadratic, ``c = 0``,
+    where it is the only one).
 
-    - The best trial is at an end (the smallest or the largest λ tried): a cubic in λ through ``φ(0)``,
-      ``φ'(0)``, the best trial and its neighbour (a quadratic when there is no other trial), from a decade
-      below the best trial up to its neighbour, or from its neighbour up to a decade beyond it.
-    - Otherwise a parabola in ``log λ`` through the best trial and its neighbours, between them.
-
-    At an end the minimiser is outside the trials and must be extrapolated: there the exact value and slope
-    at λ = 0 pin the model down (it is exact on a quadratic or cubic path). Inside a bracket the trials are
-    close and often decades from 0, where a parabola in ``log λ`` follows the loss better.
+    The model's range is the bracket around the best trial: between its neighbours, from a decade below the
+    smallest trial, or up to a decade beyond the largest. The exact value and slope at λ = 0 pin the model down
+    (it is exact on a quadratic or cubic path); of the trials, those nearest λ = 0 on the best one's side are the
+    ones it rests on. A trial past a cliff in the loss (the truncated path's shape where ``d_e`` is wide) bounds
+    the bracket and is left out of the fit: a parabola in ``log λ`` through it, this model's predecessor inside a
+    bracket, predicted the next trial's decrease wrong by a third or more there (docs/mathematics.md §5.2).
 
     Parameters
     ----------
     trials : dict of float to float
         ``λ > 0`` -> ``φ(λ)`` (finite, or ``inf``), at least one.
     f0, g0 : float
-        ``φ(0)`` and ``φ'(0)``.
+        ``φ(0)`` and the slope ``φ'(0)`` of the path searched.
     """
 
     def __init__(self, trials: dict[float, float], f0: float, g0: float) -> None:
@@ -38,17 +38,10 @@ class LocalModel:
         self.best_lam, self.best = lams[i], trials[lams[i]]
         self.f0, self.g0 = f0, g0
         self.neighbours = (lams[i - 1] if i > 0 else 0.0, lams[i + 1] if i < last else math.inf)
-        if i == 0 or i == last:
-            pts = lams[:2] if i == 0 else lams[i - 1:]
-            self.kind = "cubic"
-            self.coef = self._cubic([(x, trials[x]) for x in pts])
-            self.range = (lams[0] / 10 if i == 0 else lams[i - 1], lams[1] if i == 0 and last > 0 else 10 * lams[i])
-        else:
-            pts = lams[i - 1:i + 2]
-            self.kind = "parabola"
-            values = [trials[x] for x in pts]
-            self.coef = np.polyfit(np.log(pts), values, 2) if all(map(math.isfinite, values)) else None
-            self.range = (pts[0], pts[2])
+        pts = lams[:2] if i == 0 else [lams[i - 1], lams[i]]
+        self.coef = self._cubic([(x, trials[x]) for x in pts])
+        lo = lams[0] / 10 if i == 0 else lams[i - 1]
+        self.range = (lo, lams[i + 1] if i < last else 10 * lams[i])
 
     def _cubic(self, pts: list[tuple[float, float]]) -> tuple[float, float] | None:
         """``(a, c)`` of ``φ(0) + φ'(0) λ + a λ² + c λ³`` through ``pts`` (one point: ``c = 0``); None if not finite."""
@@ -69,10 +62,8 @@ class LocalModel:
         """The model's ``φ(lam)`` (``nan`` when not :attr:`fitted`)."""
         if self.coef is None:
             return math.nan
-        if self.kind == "cubic":
-            a, c = self.coef
-            return self.f0 + self.g0 * lam + a * lam**2 + c * lam**3
-        return float(np.polyval(self.coef, math.log(lam)))
+        a, c = self.coef
+        return self.f0 + self.g0 * lam + a * lam**2 + c * lam**3
 
     def _cubic_argmin(self) -> float:
         lo, hi = self.range
@@ -85,10 +76,5 @@ class LocalModel:
         """``(λ, model φ(λ))`` of the model's least value on its range: stationary points and the range's ends."""
         if self.coef is None:
             return self.best_lam, self.best
-        if self.kind == "cubic":
-            lam = self._cubic_argmin()
-        else:
-            lo, hi = self.range
-            u = -self.coef[1] / (2 * self.coef[0]) if self.coef[0] > 0 else math.nan  # the vertex, on log λ
-            lam = min([lo, hi, *([math.exp(u)] if math.log(lo) < u < math.log(hi) else [])], key=self)
+        lam = self._cubic_argmin()
         return lam, self(lam)

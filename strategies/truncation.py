@@ -168,6 +168,11 @@ class Truncation(ABC):
     def _svd(self, Y: Tensor, rank: int) -> tuple[Tensor, Tensor, Tensor]:
         """Top-``rank`` singular triplets ``(U, s, V)`` of ``Y``."""
 
+    def triplets(self, Y: Tensor, rank: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``Y``'s top-``rank`` singular triplets ``(U, s, V)``, found the way this truncation finds them (``Y``
+        already in its geometry: no metric, and no profile section of its own)."""
+        return self._svd(Y, rank)
+
     def top_subspace(self, Y: Tensor, rank: int) -> tuple[Tensor, Tensor]:
         """``Y``'s top-``rank`` left and right singular vectors, ``(d, rank)`` each, found the way this truncation
         finds them (``Y`` already in its geometry: no metric)."""

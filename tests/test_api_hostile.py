@@ -159,7 +159,12 @@ def test_half_precision_growth_matches_float32(name, dtype, seed):
 @pytest.mark.parametrize("name", GROWTH_PRESETS)
 def test_half_precision_loss_decides_within_its_resolution(name, dtype):
     """With a loss computed in half precision λ is chosen by that loss: the true decrease may fall
-    short of float32's, but by no more than the loss's own resolution (a few ulp of loss0)."""
+    short of float32's, but by no more than the loss's own resolution (a few ulp of loss0).
+
+    A step that chooses λ on the held-out half of its batch and then refits its direction on the whole batch
+    (``+holdout``: the default here) is bounded where it searches: float32's search finds a decrease of the half's
+    loss of 1e-5 (float16: the half search cannot see it, 5e-4 to an ulp) that the refit turns into 7.5e-3 of the
+    whole batch's. There the half step must not raise the true loss beyond the resolution."""
     pr64 = problem(1)
     half = cast(pr64, dtype)
     wide = cast(half, torch.float32)
@@ -169,7 +174,8 @@ def test_half_precision_loss_decides_within_its_resolution(name, dtype):
     dec_h = base - true_loss(pr64, r_h.W_Q, r_h.W_K)
     dec_32 = base - true_loss(pr64, r_32.W_Q, r_32.W_K)
     resolution = 4 * r_h.loss_before * torch.finfo(dtype).eps
-    assert dec_h >= dec_32 - resolution, (dec_h, dec_32, resolution)
+    floor = -resolution if holds_out(r_h.spec) else dec_32 - resolution
+    assert dec_h >= floor, (dec_h, dec_32, resolution)
     assert r_h.loss_after <= r_h.loss_before  # as the caller's loss measures it
 
 
@@ -189,6 +195,27 @@ def test_half_precision_statistics_accumulate_in_float32(dtype):
 
 
 # ------------------------------------------------------------------ extreme magnitudes
+def same_search(r, ref) -> bool:
+    """Whether two growths of one problem, equal up to rounding, took the same bracket search.
+
+    The bracket search stops when its model predicted the last trial to within ``trust_tol`` (5%) of the decrease.
+    A rounding-level change of the problem can move a prediction across that line: on the float32 problem below
+    the default's search at λ = 42.5 was 5.003% off in one precision and 4.997% in another, and the two searches
+    stopped two trials apart, at λ = 40.2 and 42.5, both within 0.05% of the decrease of the path's best. Steps
+    of two such searches are compared at the search's resolution (:func:`assert_close_steps`), not to rounding.
+    """
+    return r.info.get("bracket_trials") == ref.info.get("bracket_trials")
+
+
+def assert_close_steps(r, ref, rel: float = 1e-3) -> None:
+    """``r`` and ``ref`` take the same step to ``rel`` where they took the same search; else λ within 10%, a tenth
+    of a decade (a rescaling or conversion bug moves λ by orders of magnitude)."""
+    if same_search(r, ref):
+        assert r.lam == pytest.approx(ref.lam, rel=rel)
+        assert rel_err(r.dZ, ref.dZ) < rel
+    else:
+        assert r.lam == pytest.approx(ref.lam, rel=0.1)
+        assert rel_err(r.dZ, ref.dZ) < 0.2
 EXTREME_SPECS = [*GROWTH_PRESETS, "gram/solve/full+metric/fast:quadratic", "gram/solve/rsvd/fast:bracket",
                  "joint/solve/full/normal:grid"]
 
@@ -210,13 +237,13 @@ def test_extreme_G_is_rescaled_not_reported_as_unreachable(spec, factor):
     assert not any("X P Xᵀ" in m for m in r.fallback), r.fallback
     assert r.fallback == ref.fallback
     assert r.lam > 0 and (r.loss_after < r.loss_before or holds_out(spec))
-    assert r.lam == pytest.approx(ref.lam, rel=1e-3)
-    assert rel_err(r.dZ, ref.dZ) < 1e-3
+    assert_close_steps(r, ref)
     # The step's loss on this four-sample float32 problem moves by about 1e-5 under rounding-level changes of the
     # direction: G × 1e-30 sat at 9.4e-6 with the whitening per trial, and at 1.4e-5 (G × 1e25) with it once per
-    # search; a rescaling bug moves it by orders of magnitude.
-    assert r.loss_after == pytest.approx(ref.loss_after * factor, rel=5e-5)
-    assert r.first_order_decrease == pytest.approx(ref.first_order_decrease * factor, rel=1e-3)
+    # search; a rescaling bug moves it by orders of magnitude. Two searches a trial apart: 0.9% (the default).
+    close = same_search(r, ref)
+    assert r.loss_after == pytest.approx(ref.loss_after * factor, rel=5e-5 if close else 2e-2)
+    assert r.first_order_decrease == pytest.approx(ref.first_order_decrease * factor, rel=1e-3 if close else 0.2)
     g_scale = r.info["g_scale"]
     assert math.log2(g_scale).is_integer()  # a power of two: the rescaling is exact
     assert g_scale / 2 <= float((pr["G"] * factor).abs().max()) < g_scale
@@ -234,9 +261,10 @@ def test_statistics_of_extreme_G_give_the_same_step(spec, factor):
     ref = grow(spec, pr, loss, stats=s.new_statistics().update(pr["X"], pr["G"]))
     r = grow(spec, {**pr, "G": G}, lambda S: loss(S) * factor, stats=s.new_statistics().update(pr["X"], G))
     assert not any("X P Xᵀ" in m for m in r.fallback), r.fallback
-    assert r.lam == pytest.approx(ref.lam, rel=1e-3)
-    assert rel_err(r.W_Q.abs() if spec == "gradmax" else r.dZ, ref.W_Q.abs() if spec == "gradmax" else ref.dZ) < 1e-3
-    if spec != "gradmax":
+    if spec == "gradmax":
+        assert r.lam == pytest.approx(ref.lam, rel=1e-3) and rel_err(r.W_Q.abs(), ref.W_Q.abs()) < 1e-3
+    else:
+        assert_close_steps(r, ref)
         assert r.lam > 0 and (r.loss_after < r.loss_before or holds_out(spec))
 
 
@@ -318,9 +346,12 @@ def test_float64_statistics_with_float32_batch(spec):
     r = grow(spec, pr, loss, stats=st64)
     ref = grow(spec, pr, loss, stats=s.new_statistics().update(pr["X"], pr["G"]))
     assert r.W_Q.dtype == r.W_K.dtype == r.dZ.dtype == torch.float32
-    assert r.lam == pytest.approx(ref.lam, rel=1e-3, abs=1e-9)
-    out = (lambda x: x.W_Q.abs()) if spec == "gradmax" else (lambda x: x.dZ)
-    assert rel_err(out(r), out(ref)) < 1e-3
+    if spec == "gradmax":
+        assert r.lam == pytest.approx(ref.lam, rel=1e-3, abs=1e-9) and rel_err(r.W_Q.abs(), ref.W_Q.abs()) < 1e-3
+    elif ref.lam == 0:
+        assert r.lam == 0
+    else:
+        assert_close_steps(r, ref)
     # And the other way round: float32 statistics with a float64 batch.
     r2 = grow(spec, pr64, attention_loss(pr64["V"], pr64["T"]), stats=s.new_statistics().update(pr["X"], pr["G"]))
     assert r2.W_Q.dtype == torch.float64 and torch.isfinite(r2.W_Q).all()

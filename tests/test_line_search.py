@@ -355,18 +355,39 @@ def test_bracket_options_are_checked():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_finishing_step_reuses_the_searched_trials_truncation(seed):
-    """A normal-path growth takes one SVD per trial: the finishing step at the chosen λ, one of the trials, finds
-    that trial's factors instead of a second SVD; and its step is the truncation of ``Z − λP̂`` formed afresh."""
+    """A normal-path growth takes one SVD per trial and one for the path's slope (the part of ``P̂`` outside ``Z``'s
+    spaces): the finishing step at the chosen λ, one of the trials, finds that trial's factors instead of a second
+    SVD; and its step is the truncation of ``Z − λP̂`` formed afresh."""
     X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(seed, d_k=2, d_e=6)
     s = strategies.make("gram/solve/full+metric/normal:bracket")
     svds = []
     svd = s.truncation._svd
     s.truncation._svd = lambda Y, rank: svds.append(Y) or svd(Y, rank)
     r = s.grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c)
-    assert r.lam > 0 and len(svds) == r.info["bracket_trials"], (len(svds), r.info)
+    assert r.lam > 0 and len(svds) == r.info["bracket_trials"] + 1, (len(svds), r.info)
     stats = s.new_statistics().update(X, G)
     ctx, _, _ = strategies.growth.start_step(W_Q, W_K, X, G, loss, c, None, None)
     prob = strategies.build_search_problem(s, stats, ctx, rank=4)
     fresh = s.truncation(prob.Z - r.lam * prob.P_hat, 4, strategies.Metric(stats.mean_A))
     step = (fresh[0] * fresh[1]) @ fresh[2].T
     assert torch.allclose(r.dZ, step - prob.Z, rtol=0, atol=1e-9 * float(prob.Z.abs().max()))
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "causal"])
+@pytest.mark.parametrize("spec", ["gram/solve/full/normal:bracket", "gram/solve/full+metric/normal:bracket",
+                                  "gram/ridge/full+metric/normal+shrink:bracket"])
+def test_the_normal_path_is_modelled_with_its_own_slope(spec, masked):
+    """The slope the normal path's bracket search models the loss with is the searched loss's one-sided slope at
+    λ = 0⁺ (finite differences of ``φ`` along the path itself, penalty included), not the fast path's: they differ
+    here, because the rank keeps 2 of ``P̂``'s 8 directions outside ``Z``'s spaces."""
+    X, W_Q, W_K, c, S0, T, mask, m, loss, G = quadratic_problem(3, d_k=2, d_e=10, b=4, d_s=12, masked=masked)
+    s = strategies.make(spec)
+    stats = s.new_statistics().update(X, G, mask)
+    ctx, _, _ = strategies.growth.start_step(W_Q, W_K, X, G, loss, c, None, mask)
+    prob = strategies.build_search_problem(s, stats, ctx, rank=4)
+    search = s.line_search
+    eps = 1e-6 * prob.lam_unit
+    f1, f2 = search.phi(prob, eps), search.phi(prob, 2 * eps)
+    finite_difference = 2 * (f1 - prob.loss0) / eps - (f2 - prob.loss0) / (2 * eps)
+    assert search.model_slope(prob) == pytest.approx(finite_difference, rel=1e-4)
+    assert abs(prob.slope0 - finite_difference) > 0.01 * abs(finite_difference)

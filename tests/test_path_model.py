@@ -35,16 +35,19 @@ def test_one_trial_gives_the_quadratic_model():
 
 
 @pytest.mark.parametrize("m", [0.01, 3.0, 500.0])
-def test_the_parabola_in_log_lambda_finds_a_log_symmetric_minimum(m):
-    """Inside a bracket the model is a parabola in log λ: exact for φ = (log λ − log m)² + 0.3."""
+def test_inside_a_bracket_a_cliff_beyond_the_minimum_does_not_enter_the_fit(m):
+    """Inside a bracket the model rests on the best trial, its neighbour towards λ = 0, φ(0) and φ'(0): on the
+    cubic path φ = 1 − λ/m + (λ/m)³/3 it finds the minimiser ``m`` exactly, whatever the trial beyond it (a cliff,
+    here 10⁶, or an overflow), which only bounds the bracket."""
     def phi(x):
-        return (math.log(x) - math.log(m)) ** 2 + 0.3
+        return 1 - x / m + (x / m) ** 3 / 3
 
-    trials = {x: phi(x) for x in (m / 3, m * 1.5, m * 4)}
-    model = LocalModel(trials, 1.0, -1.0)
-    assert model.kind == "parabola" and model.neighbours == (m / 3, m * 4)
-    lam, value = model.argmin()
-    assert lam == pytest.approx(m, rel=1e-9) and value == pytest.approx(0.3, abs=1e-9)
+    for beyond in (1e6, math.inf):
+        trials = {0.4 * m: phi(0.4 * m), 1.3 * m: phi(1.3 * m), 4 * m: beyond}
+        model = LocalModel(trials, 1.0, -1.0 / m)
+        assert model.neighbours == (0.4 * m, 4 * m) and model.range == (0.4 * m, 4 * m)
+        lam, value = model.argmin()
+        assert lam == pytest.approx(m, rel=1e-9) and value == pytest.approx(phi(m), rel=1e-9)
 
 
 def test_a_best_trial_at_the_top_looks_a_decade_beyond_it():

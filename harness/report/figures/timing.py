@@ -111,9 +111,9 @@ def _phase_table(med: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
 #: The growth's profiled sections (strategies.timing.Profile), in the order a growth runs them; a section not listed
 #: (a component's own, a later one) follows in the order the run recorded it.
 PROFILE_ORDER = ("inputs", "current scores", "statistics", "holdout split", "ridge strength", "factorisation",
-                 "direction", "metric", "score change", "split-half estimate", "line search", "truncation",
-                 "trial scores", "loss calls", "refit: ridge strength", "refit: factorisation", "refit: direction",
-                 "refit: metric", "refit: score change", "finish", "other")
+                 "direction", "metric", "score change", "split-half estimate", "path slope", "line search",
+                 "truncation", "trial scores", "loss calls", "refit: ridge strength", "refit: factorisation",
+                 "refit: direction", "refit: metric", "refit: score change", "finish", "other")
 
 
 def default_profiles(frame: pd.DataFrame) -> pd.DataFrame:
