@@ -568,10 +568,7 @@ def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtyp
             loss_after = float(ctx.loss(factor_scores(X, ctx.new_scale * W_Q, W_K)))
         # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
         # statistics were built from it, else one pass over the batch.
-        M = ctx.M_batch
-        if M is None:
-            Gm = G if ctx.mask is None else G.masked_fill(~ctx.mask, 0.0)
-            M = X.reshape(-1, X.shape[-1]).mT @ (Gm @ X).reshape(-1, X.shape[-1])
+        M = ctx.M_batch if ctx.M_batch is not None else _gradient_sum(X, G, ctx.mask)
         first_order = float(-(M * dZ).sum()) * ctx.g_scale
         _host_reads(ctx, 2)  # _fits above, the first-order decrease
     if not math.isfinite(loss_after):
@@ -650,6 +647,13 @@ def _batch_gradient(ctx: StepContext, stats: Statistics, caller_stats: Statistic
             or M.device != ctx.X.device or not caller_stats.is_last(*ctx.inputs)):
         return None
     return M
+
+
+def _gradient_sum(X: Tensor, G: Tensor, mask: Tensor | None) -> Tensor:
+    """``Σ_b X_bᵀ G_b X_b``, ``(d_e, d_e)``, for ``X (b, d_s, d_e)`` and ``G (b, d_s, d_s)`` (zero outside ``mask``):
+    one pass of two products over the batch."""
+    Gm = G if mask is None else G.masked_fill(~mask, 0.0)
+    return X.reshape(-1, X.shape[-1]).mT @ (Gm @ X).reshape(-1, X.shape[-1])
 
 
 def _heldout_gradient(M_batch: Tensor | None, fitted: Statistics) -> Tensor | None:
@@ -966,8 +970,7 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
         """The truncated path's slope at λ = 0⁺ with the penalty, for a search that models the normal path."""
         gradient = ctx.M_batch if held is None else ctx.M_heldout
         if gradient is None:  # statistics not of this batch alone: one pass over the moved samples
-            G = ctx.G[moved] if ctx.mask is None else ctx.G[moved].masked_fill(~mask_moved, 0.0)
-            gradient = X_moved.reshape(-1, X.shape[-1]).mT @ (G @ X_moved).reshape(-1, X.shape[-1])
+            gradient = _gradient_sum(X_moved, ctx.G[moved], mask_moved)
         factors = ctx.Z_factors if ctx.Z_factors is not None else (ctx.Z, torch.eye(*ctx.Z.shape, dtype=ctx.Z.dtype,
                                                                                       device=ctx.Z.device))
         slope_t = truncated_path_slope(gradient.to(dtype=X.dtype, device=X.device), P_hat, factors, rank,
