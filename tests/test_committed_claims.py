@@ -234,12 +234,12 @@ def _written(text: str, value: float) -> bool:
     return round(value, decimals) == float(text)
 
 
-def test_the_twelfth_stops_cpu_targets_table_is_its_output():
-    """The CPU targets table of the twelfth stop in docs/results.md (this run's column) is the committed raw output of
-    that ``growbench targets`` run: the targets' own batch from its target lines, the scale part from its table."""
-    raw = (ROOT / "reports/targets/cpu-2026-11-28.md").read_text()
-    section = (ROOT / "docs/results.md").read_text().split("## The split-half sums without a product")[1]
-    table = section.split("| | the tenth stop | this run | target 3× |")[1].split("\n\n")[0]
+def _check_targets_table(raw_file: str, section_heading: str, header: str) -> None:
+    """A CPU targets table of docs/results.md (its "this run" column) against the committed raw output of that
+    ``growbench targets`` run: the targets' own batch from its target lines, the scale part from its table."""
+    raw = (ROOT / raw_file).read_text()
+    section = (ROOT / "docs/results.md").read_text().split(section_heading)[1]
+    table = section.split(header)[1].split("\n\n")[0]
     own = re.findall(r"^\| d_e = (\d+) \| [^|]+ \| \*\*([0-9.]+)×\*\* \(([0-9.]+) against ([0-9.]+) ms", table, re.M)
     scale = re.findall(r"^\| scale part, d_e = (\d+) \| [^|]+ \| (?:\*\*)?([0-9.]+)×(?:\*\*)? \(([0-9.]+) ms; floor "
                        r"([0-9.]+) ms", table, re.M)
@@ -252,3 +252,14 @@ def test_the_twelfth_stops_cpu_targets_table_is_its_output():
     for d_e, x, ms, floor in scale:
         t_total, t_floor, x_floor = map(float, rows[int(d_e)])
         assert _written(ms, t_total) and _written(floor, t_floor) and _written(x, x_floor), d_e
+
+
+def test_the_twelfth_stops_cpu_targets_table_is_its_output():
+    _check_targets_table("reports/targets/cpu-2026-11-28.md", "## The split-half sums without a product",
+                         "| | the tenth stop | this run | target 3× |")
+
+
+def test_the_fifteenth_stops_cpu_targets_table_is_its_output():
+    _check_targets_table("reports/targets/cpu-2026-11-28-af1f22f.md",
+                         "## `growbench targets` on the truncated path's slope",
+                         "| | the twelfth stop's run | this run | target 3× |")
