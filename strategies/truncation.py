@@ -176,7 +176,7 @@ class Truncation(ABC):
     def top_subspace(self, Y: Tensor, rank: int) -> tuple[Tensor, Tensor]:
         """``Y``'s top-``rank`` left and right singular vectors, ``(d, rank)`` each, found the way this truncation
         finds them (``Y`` already in its geometry: no metric)."""
-        U, _, V = self._svd(Y, rank)
+        U, _, V = self.triplets(Y, rank)
         return U, V
 
     def __call__(self, Y: Tensor, rank: int, metric: Metric | None = None) -> tuple[Tensor, Tensor, Tensor]:
