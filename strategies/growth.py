@@ -965,6 +965,11 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
     X_moved, P_hat = X[moved].contiguous(), P / norm
     mask_moved = mask if mask is None or mask.dim() == 2 else mask[moved]
     P_w_hat = None if P_whitened is None else P_whitened / norm
+    if P_w_hat is None and metric is not None:
+        # The path's slope and the trials' truncation both read the whitened direction: one (d_e, d_e) whitening,
+        # two products of d_e³, not one each (every problem is stepped along, so it is never made in vain).
+        with section("metric"):
+            P_w_hat = metric.whiten(P_hat)
 
     def path_slope() -> float:
         """The truncated path's slope at λ = 0⁺ with the penalty, for a search that models the normal path."""

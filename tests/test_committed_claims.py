@@ -263,3 +263,32 @@ def test_the_fifteenth_stops_cpu_targets_table_is_its_output():
     _check_targets_table("reports/targets/cpu-2026-11-28-af1f22f.md",
                          "## `growbench targets` on the truncated path's slope",
                          "| | the twelfth stop's run | this run | target 3× |")
+
+
+def _t_interval(values: np.ndarray) -> tuple[float, float, float]:
+    """Mean and 95 % Student-t interval of ``values``."""
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    return values.mean(), values.mean() - half, values.mean() + half
+
+
+def test_the_sixteenth_stops_capped_search_table_is_its_paired_runs():
+    """docs/results.md's table of ``+holdout`` searches capped at 2 and 1 trials against the paired runs it was
+    computed from, whose committed side is the committed sweep's own (held-out gain, loss calls and λ by key)."""
+    paired = pd.read_csv(ROOT / "reports/holdout-trials/paired.csv")
+    runs = pd.read_csv(ROOT / "reports/runs.csv", low_memory=False).set_index("key").loc[paired.key]
+    assert len(paired) == 137 and paired.key.is_unique
+    assert np.array_equal(runs.heldout_decrease / runs.heldout_before, paired.heldout_gain_committed.to_numpy())
+    assert np.array_equal(runs.n_loss_evals, paired.n_loss_evals_committed)
+    assert np.array_equal(runs.lam, paired.lam_committed)
+    section = (ROOT / "docs/results.md").read_text().split("## `+holdout` at d_e = 64: what a growth must pay")[1]
+    table = section.split("| `+holdout` searches | loss calls (137 runs) |")[1].split("\n\n")[0]
+    committed = re.search(r"^\| as committed \(at most 12 trials\) \| (\d+) \|", table, re.M)
+    assert int(committed[1]) == paired.n_loss_evals_committed.sum()
+    for cap, label in (("cap2", "at most 2 trials"), ("cap1", "1 trial")):
+        row = re.search(rf"^\| {label} \| (\d+) \| (\d+) \| (\S+) \[(\S+), (\S+)\] \|$", table, re.M)
+        assert row is not None, label
+        assert int(row[1]) == paired[f"n_loss_evals_{cap}"].sum()
+        assert int(row[2]) == (paired[f"lam_{cap}"] != paired.lam_committed).sum()
+        quoted = [float(x) for x in row.group(3, 4, 5)]
+        computed = _t_interval((paired[f"heldout_gain_{cap}"] - paired.heldout_gain_committed).to_numpy())
+        assert quoted == pytest.approx(computed, rel=5e-3), label

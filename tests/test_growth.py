@@ -231,6 +231,34 @@ def test_step_is_truncation_of_normalised_direction(spec):
     assert rel_err(c * r.W_Q @ r.W_K.T, Z_ref) < 1e-8
 
 
+def test_a_cholesky_metric_growth_whitens_its_direction_once(monkeypatch):
+    """The normal path's slope and its trials' truncation share one whitening ``Lᵀ P̂ L`` of the direction (two
+    ``(d_e, d_e, d_e)`` products), and the step is still ``T_r(Z − λP̂)`` in the metric ``W = E[A]^{1/2}``."""
+    X, mask, W_Q, W_K, loss, c, G = bookkeeping_problem()
+    whitened = []
+    whiten = strategies.Metric.whiten
+
+    def counted(metric, Y):
+        whitened.append(tuple(Y.shape))
+        return whiten(metric, Y)
+
+    monkeypatch.setattr(strategies.Metric, "whiten", counted)
+    s = strategies.make("gram/solve/full+metric/normal:bracket")
+    r = s.grow(W_Q, W_K, X, G, p=1, loss_of_scores=loss, scale=c, mask=mask)
+    assert r.lam > 0 and math.isfinite(r.info["path_slope_share"])  # the path's slope was taken
+    d_e = X.shape[-1]
+    assert whitened == [(d_e, d_e)]  # Z goes through its factors (whiten_factors)
+    P = np64(s.direction(X, G, mask))
+    P_hat = P / np.linalg.norm(np64(scores(X, torch.from_numpy(P)) * mask))
+    Y = np64(c * W_Q @ W_K.T) - r.lam * P_hat
+    Xn = np64(X)
+    w, V = np.linalg.eigh(sum(x.T @ x for x in Xn) / len(Xn))
+    W, W_inv = (V * np.sqrt(w)) @ V.T, (V / np.sqrt(w)) @ V.T
+    U, sv, Vt = np.linalg.svd(W @ Y @ W)
+    rank = W_Q.shape[1] + 1
+    assert rel_err(c * r.W_Q @ r.W_K.T, W_inv @ (U[:, :rank] * sv[:rank]) @ Vt[:rank] @ W_inv) < 1e-8
+
+
 @pytest.mark.parametrize("spec", ["per-sample/pinv/full/fast:newton", "gram/solve/rsvd+metric/fast:newton",
                                   "mean-input/solve/full/normal:grid", "joint/solve/full+metric/fast:newton",
                                   "gram/pinv/full/normal:bounded", "gradmax"])
