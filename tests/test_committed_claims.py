@@ -292,3 +292,42 @@ def test_the_sixteenth_stops_capped_search_table_is_its_paired_runs():
         quoted = [float(x) for x in row.group(3, 4, 5)]
         computed = _t_interval((paired[f"heldout_gain_{cap}"] - paired.heldout_gain_committed).to_numpy())
         assert quoted == pytest.approx(computed, rel=5e-3), label
+    # The default's paired differences per dataset, on the reference configuration the rule reads, seed by seed.
+    default = paired[(paired.strategy == "gram/ridge/full+metric/normal+holdout+shrink:bracket")
+                     & (paired.n_batches == 4) & (paired.repeats == 3)]
+    bullet = section.split("- Two trials keep the held-out gain:")[1].split("\n- ")[0]
+    for dataset, rows in default.groupby("dataset"):
+        per_seed = rows.groupby("seed")[["heldout_gain_committed", "heldout_gain_cap2"]].median()
+        assert len(per_seed) == 8
+        found = re.search(rf"{dataset}\s+(\S+)\s+\[(\S+),\s+(\S+)\]", bullet)
+        assert found is not None, dataset
+        computed = _t_interval((per_seed.heldout_gain_cap2 - per_seed.heldout_gain_committed).to_numpy())
+        assert [float(x) for x in found.groups()] == pytest.approx(computed, rel=5e-3), dataset
+
+
+def test_the_sixteenth_stops_capped_sweep_changes_both_cpu_choices():
+    """docs/results.md's table of what the rule names on the capped sweep: the rule's own code on the committed runs
+    with the ``+holdout`` rows' held-out decreases those of the capped search (every other run of that sweep was the
+    committed one bit for bit)."""
+    from growbench.harness.rule.choice import recommend_regimes
+
+    runs = pd.read_csv(ROOT / "reports/runs.csv", low_memory=False)
+    paired = pd.read_csv(ROOT / "reports/holdout-trials/paired.csv").set_index("key")
+    capped = runs.copy()
+    rows = capped.key.isin(paired.index)
+    assert rows.sum() == len(paired)
+    gains = paired.loc[capped.key[rows], "heldout_gain_cap2"].to_numpy()
+    capped.loc[rows, "heldout_decrease"] = gains * capped.loc[rows, "heldout_before"].to_numpy()
+    section = (ROOT / "docs/results.md").read_text().split("## `+holdout` at d_e = 64: what a growth must pay")[1]
+    table = section.split("| regime | committed choice | on the capped sweep | why |")[1].split("\n\n")[0]
+    quoted = dict(re.findall(r"^\| cpu, (d_e ≤ 128|128 < d_e ≤ 1024) \| `[^`]+` \| `([^`]+)` \|", table, re.M))
+    before, after = recommend_regimes(runs), recommend_regimes(capped)
+    committed = dict(re.findall(r"^\| cpu, (d_e ≤ 128|128 < d_e ≤ 1024) \| `([^`]+)` \|", table, re.M))
+    for regime, band in (("cpu/small", "d_e ≤ 128"), ("cpu/medium", "128 < d_e ≤ 1024")):
+        assert before[regime].spec == committed[band] and after[regime].spec == quoted[band], regime
+    small = "d_e ≤ 128"
+    gains = re.search(r"falls from ([0-9.]+) to ([0-9.]+), under `\+shrink\+damp`'s ([0-9.]+)", table)
+    worst_before = before["cpu/small"].table.set_index("strategy").worst_dataset_gain
+    worst_after = after["cpu/small"].table.set_index("strategy").worst_dataset_gain
+    assert _written(gains[1], worst_before[committed[small]]) and _written(gains[2], worst_after[committed[small]])
+    assert _written(gains[3], worst_after[quoted[small]])
