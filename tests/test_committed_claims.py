@@ -331,3 +331,26 @@ def test_the_sixteenth_stops_capped_sweep_changes_both_cpu_choices():
     worst_after = after["cpu/small"].table.set_index("strategy").worst_dataset_gain
     assert _written(gains[1], worst_before[committed[small]]) and _written(gains[2], worst_after[committed[small]])
     assert _written(gains[3], worst_after[quoted[small]])
+
+
+def test_the_sixteenth_stops_text_seeds_table_is_its_runs():
+    """docs/results.md's table of the default on text with 32 seeds, committed code and capped search, against the
+    per-seed gains, whose first 8 seeds are those of the committed sweep and of the capped one."""
+    seeds = pd.read_csv(ROOT / "reports/holdout-trials/text-32-seeds.csv").sort_values("seed")
+    paired = pd.read_csv(ROOT / "reports/holdout-trials/paired.csv")
+    sweep = paired[(paired.dataset == "text") & (paired.n_batches == 4)
+                   & (paired.strategy == "gram/ridge/full+metric/normal+holdout+shrink:bracket")].sort_values("seed")
+    assert list(seeds.seed) == list(range(32)) and list(sweep.seed) == list(range(8))
+    assert np.array_equal(seeds.heldout_gain_committed_code[:8], sweep.heldout_gain_committed)
+    assert np.array_equal(seeds.heldout_gain_cap2[:8], sweep.heldout_gain_cap2)
+    section = (ROOT / "docs/results.md").read_text().split("**Text with 32 seeds.**")[1]
+    table = section.split("| seeds | held-out gain, committed code | capped at 2 trials | paired difference |")[1]
+    table = table.split("\n\n")[0]
+    interval = r"(\S+) \[(\S+), (\S+)\]"
+    for label, n in (("0–7 \\(the sweep's\\)", 8), ("0–31", 32)):
+        row = re.search(rf"^\| {label} \| {interval} \| {interval} \| {interval} \|$", table, re.M)
+        assert row is not None, label
+        first = seeds[seeds.seed < n]
+        base, capped = first.heldout_gain_committed_code.to_numpy(), first.heldout_gain_cap2.to_numpy()
+        computed = [*_t_interval(base), *_t_interval(capped), *_t_interval(capped - base)]
+        assert [float(x) for x in row.groups()] == pytest.approx(computed, rel=5e-3), label
