@@ -354,3 +354,9 @@ def test_the_sixteenth_stops_text_seeds_table_is_its_runs():
         base, capped = first.heldout_gain_committed_code.to_numpy(), first.heldout_gain_cap2.to_numpy()
         computed = [*_t_interval(base), *_t_interval(capped), *_t_interval(capped - base)]
         assert [float(x) for x in row.groups()] == pytest.approx(computed, rel=5e-3), label
+
+
+def test_the_sixteenth_stops_cpu_targets_table_is_its_output():
+    _check_targets_table("reports/targets/cpu-2026-11-28-d31221e.md",
+                         "## `+holdout` at d_e = 64: what a growth must pay",
+                         "| | the fifteenth stop's run | this run | target 3× |")
