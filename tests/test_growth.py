@@ -202,6 +202,21 @@ def test_result_bookkeeping(spec):
             assert r.loss_after <= r.loss_before
 
 
+def truncated_normalised_step(s, X, mask, G, Z, lam: float, rank: int, metric: bool) -> np.ndarray:
+    """``T_rank(Z − λ P̂)`` in float64 numpy, ``P̂ = P / ‖mask ⊙ X P Xᵀ‖`` with ``P`` the strategy's direction; with
+    ``metric``, truncated in the metric ``W = E[A]^{1/2}`` (``W⁻¹ T_rank(W Y W) W⁻¹``, from numpy's eigh and SVD)."""
+    P = np64(s.direction(X, G, mask))
+    P_hat = P / np.linalg.norm(np64(scores(X, torch.from_numpy(P)) * mask))
+    Y = np64(Z) - lam * P_hat
+    W = W_inv = np.eye(Y.shape[0])
+    if metric:
+        Xn = np64(X)
+        w, V = np.linalg.eigh(sum(x.T @ x for x in Xn) / len(Xn))
+        W, W_inv = (V * np.sqrt(w)) @ V.T, (V / np.sqrt(w)) @ V.T
+    U, sv, Vt = np.linalg.svd(W @ Y @ W)
+    return W_inv @ (U[:, :rank] * sv[:rank]) @ Vt[:rank] @ W_inv
+
+
 FAST_SPECS = ["gram/pinv/full/fast:newton", "joint/solve/full+metric/fast:newton",
               "per-sample/solve/full+metric/fast:bounded", "mean-input/pinv/full/fast:grid"]
 
@@ -213,21 +228,8 @@ def test_step_is_truncation_of_normalised_direction(spec):
     s = strategies.make(spec)
     p = 1
     r = s.grow(W_Q, W_K, X, G, p=p, loss_of_scores=loss, scale=c, mask=mask)
-    P = np64(s.direction(X, G, mask))
-    P_hat = P / np.linalg.norm(np64(scores(X, torch.from_numpy(P)) * mask))
-    Y = np64(c * W_Q @ W_K.T) - r.lam * P_hat
-    rank = W_Q.shape[1] + p
-    if "+metric" in spec:
-        Xn = np64(X)
-        EA = sum(x.T @ x for x in Xn) / len(Xn)
-        w, V = np.linalg.eigh(EA)
-        W, W_inv = (V * np.sqrt(w)) @ V.T, (V / np.sqrt(w)) @ V.T
-        U, sv, Vt = np.linalg.svd(W @ Y @ W)
-        Z_ref = W_inv @ (U[:, :rank] * sv[:rank]) @ Vt[:rank] @ W_inv
-    else:
-        U, sv, Vt = np.linalg.svd(Y)
-        Z_ref = (U[:, :rank] * sv[:rank]) @ Vt[:rank]
     assert r.lam > 0
+    Z_ref = truncated_normalised_step(s, X, mask, G, c * W_Q @ W_K.T, r.lam, W_Q.shape[1] + p, "+metric" in spec)
     assert rel_err(c * r.W_Q @ r.W_K.T, Z_ref) < 1e-8
 
 
@@ -248,15 +250,8 @@ def test_a_cholesky_metric_growth_whitens_its_direction_once(monkeypatch):
     assert r.lam > 0 and math.isfinite(r.info["path_slope_share"])  # the path's slope was taken
     d_e = X.shape[-1]
     assert whitened == [(d_e, d_e)]  # Z goes through its factors (whiten_factors)
-    P = np64(s.direction(X, G, mask))
-    P_hat = P / np.linalg.norm(np64(scores(X, torch.from_numpy(P)) * mask))
-    Y = np64(c * W_Q @ W_K.T) - r.lam * P_hat
-    Xn = np64(X)
-    w, V = np.linalg.eigh(sum(x.T @ x for x in Xn) / len(Xn))
-    W, W_inv = (V * np.sqrt(w)) @ V.T, (V / np.sqrt(w)) @ V.T
-    U, sv, Vt = np.linalg.svd(W @ Y @ W)
-    rank = W_Q.shape[1] + 1
-    assert rel_err(c * r.W_Q @ r.W_K.T, W_inv @ (U[:, :rank] * sv[:rank]) @ Vt[:rank] @ W_inv) < 1e-8
+    Z_ref = truncated_normalised_step(s, X, mask, G, c * W_Q @ W_K.T, r.lam, W_Q.shape[1] + 1, metric=True)
+    assert rel_err(c * r.W_Q @ r.W_K.T, Z_ref) < 1e-8
 
 
 @pytest.mark.parametrize("spec", ["per-sample/pinv/full/fast:newton", "gram/solve/rsvd+metric/fast:newton",
