@@ -234,12 +234,16 @@ def _written(text: str, value: float) -> bool:
     return round(value, decimals) == float(text)
 
 
+def _results_section(heading: str) -> str:
+    """The section of docs/results.md that begins with ``heading``, up to the next section."""
+    return (ROOT / "docs/results.md").read_text().split(heading)[1].split("\n## ")[0]
+
+
 def _check_targets_table(raw_file: str, section_heading: str, header: str) -> None:
     """A CPU targets table of docs/results.md (its "this run" column) against the committed raw output of that
     ``growbench targets`` run: the targets' own batch from its target lines, the scale part from its table."""
     raw = (ROOT / raw_file).read_text()
-    section = (ROOT / "docs/results.md").read_text().split(section_heading)[1]
-    table = section.split(header)[1].split("\n\n")[0]
+    table = _results_section(section_heading).split(header)[1].split("\n\n")[0]
     own = re.findall(r"^\| d_e = (\d+) \| [^|]+ \| \*\*([0-9.]+)×\*\* \(([0-9.]+) against ([0-9.]+) ms", table, re.M)
     scale = re.findall(r"^\| scale part, d_e = (\d+) \| [^|]+ \| (?:\*\*)?([0-9.]+)×(?:\*\*)? \(([0-9.]+) ms; floor "
                        r"([0-9.]+) ms", table, re.M)
@@ -265,10 +269,8 @@ def test_the_fifteenth_stops_cpu_targets_table_is_its_output():
                          "| | the twelfth stop's run | this run | target 3× |")
 
 
-def _t_interval(values: np.ndarray) -> tuple[float, float, float]:
-    """Mean and 95 % Student-t interval of ``values``."""
-    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
-    return values.mean(), values.mean() - half, values.mean() + half
+#: The sixteenth stop's section of docs/results.md.
+SIXTEENTH = "## `+holdout` at d_e = 64: what a growth must pay"
 
 
 def test_the_sixteenth_stops_capped_search_table_is_its_paired_runs():
@@ -280,7 +282,7 @@ def test_the_sixteenth_stops_capped_search_table_is_its_paired_runs():
     assert np.array_equal(runs.heldout_decrease / runs.heldout_before, paired.heldout_gain_committed.to_numpy())
     assert np.array_equal(runs.n_loss_evals, paired.n_loss_evals_committed)
     assert np.array_equal(runs.lam, paired.lam_committed)
-    section = (ROOT / "docs/results.md").read_text().split("## `+holdout` at d_e = 64: what a growth must pay")[1]
+    section = _results_section(SIXTEENTH)
     table = section.split("| `+holdout` searches | loss calls (137 runs) |")[1].split("\n\n")[0]
     committed = re.search(r"^\| as committed \(at most 12 trials\) \| (\d+) \|", table, re.M)
     assert int(committed[1]) == paired.n_loss_evals_committed.sum()
@@ -290,7 +292,7 @@ def test_the_sixteenth_stops_capped_search_table_is_its_paired_runs():
         assert int(row[1]) == paired[f"n_loss_evals_{cap}"].sum()
         assert int(row[2]) == (paired[f"lam_{cap}"] != paired.lam_committed).sum()
         quoted = [float(x) for x in row.group(3, 4, 5)]
-        computed = _t_interval((paired[f"heldout_gain_{cap}"] - paired.heldout_gain_committed).to_numpy())
+        computed = _interval((paired[f"heldout_gain_{cap}"] - paired.heldout_gain_committed).to_numpy())
         assert quoted == pytest.approx(computed, rel=5e-3), label
     # The default's paired differences per dataset, on the reference configuration the rule reads, seed by seed.
     default = paired[(paired.strategy == "gram/ridge/full+metric/normal+holdout+shrink:bracket")
@@ -301,7 +303,7 @@ def test_the_sixteenth_stops_capped_search_table_is_its_paired_runs():
         assert len(per_seed) == 8
         found = re.search(rf"{dataset}\s+(\S+)\s+\[(\S+),\s+(\S+)\]", bullet)
         assert found is not None, dataset
-        computed = _t_interval((per_seed.heldout_gain_cap2 - per_seed.heldout_gain_committed).to_numpy())
+        computed = _interval((per_seed.heldout_gain_cap2 - per_seed.heldout_gain_committed).to_numpy())
         assert [float(x) for x in found.groups()] == pytest.approx(computed, rel=5e-3), dataset
 
 
@@ -318,7 +320,7 @@ def test_the_sixteenth_stops_capped_sweep_changes_both_cpu_choices():
     assert rows.sum() == len(paired)
     gains = paired.loc[capped.key[rows], "heldout_gain_cap2"].to_numpy()
     capped.loc[rows, "heldout_decrease"] = gains * capped.loc[rows, "heldout_before"].to_numpy()
-    section = (ROOT / "docs/results.md").read_text().split("## `+holdout` at d_e = 64: what a growth must pay")[1]
+    section = _results_section(SIXTEENTH)
     table = section.split("| regime | committed choice | on the capped sweep | why |")[1].split("\n\n")[0]
     quoted = dict(re.findall(r"^\| cpu, (d_e ≤ 128|128 < d_e ≤ 1024) \| `[^`]+` \| `([^`]+)` \|", table, re.M))
     before, after = recommend_regimes(runs), recommend_regimes(capped)
@@ -343,7 +345,7 @@ def test_the_sixteenth_stops_text_seeds_table_is_its_runs():
     assert list(seeds.seed) == list(range(32)) and list(sweep.seed) == list(range(8))
     assert np.array_equal(seeds.heldout_gain_committed_code[:8], sweep.heldout_gain_committed)
     assert np.array_equal(seeds.heldout_gain_cap2[:8], sweep.heldout_gain_cap2)
-    section = (ROOT / "docs/results.md").read_text().split("**Text with 32 seeds.**")[1]
+    section = _results_section(SIXTEENTH).split("**Text with 32 seeds.**")[1]
     table = section.split("| seeds | held-out gain, committed code | capped at 2 trials | paired difference |")[1]
     table = table.split("\n\n")[0]
     interval = r"(\S+) \[(\S+), (\S+)\]"
@@ -352,11 +354,11 @@ def test_the_sixteenth_stops_text_seeds_table_is_its_runs():
         assert row is not None, label
         first = seeds[seeds.seed < n]
         base, capped = first.heldout_gain_committed_code.to_numpy(), first.heldout_gain_cap2.to_numpy()
-        computed = [*_t_interval(base), *_t_interval(capped), *_t_interval(capped - base)]
+        computed = [*_interval(base), *_interval(capped), *_interval(capped - base)]
         assert [float(x) for x in row.groups()] == pytest.approx(computed, rel=5e-3), label
 
 
 def test_the_sixteenth_stops_cpu_targets_table_is_its_output():
     _check_targets_table("reports/targets/cpu-2026-11-28-d31221e.md",
-                         "## `+holdout` at d_e = 64: what a growth must pay",
+                         SIXTEENTH,
                          "| | the fifteenth stop's run | this run | target 3× |")
