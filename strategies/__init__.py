@@ -27,7 +27,7 @@ from .line_search import METHODS, LineSearch, SearchProblem, factor_scores, trun
 from .regimes import Regime
 from .registry import REGISTRY, register
 from .result import GrowthResult
-from .scores_loss import AttentionSplit
+from .scores_loss import AttentionSplit, FactoredAttention
 from .spec import Spec, baseline_names, canonical, default_choice, default_spec, parse, presets, specs
 from .statistics import Statistics
 from .truncation import Metric, Truncation
@@ -36,6 +36,7 @@ __all__ = [
     "METHODS",
     "REGISTRY",
     "AttentionSplit",
+    "FactoredAttention",
     "Averaging",
     "DefaultStrategy",
     "GrowthResult",

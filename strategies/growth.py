@@ -53,7 +53,7 @@ from ._checks import (
     refuse_non_finite,
 )
 from .averaging import Averaging, Direction, Rotated
-from .line_search import LineSearch, SearchProblem, factor_scores, truncated_scores
+from .line_search import LineSearch, SearchProblem, factor_scores, score_factors
 from .path_slope import truncated_path_slope
 from .result import GrowthResult
 from .score_change import SampleGrams, SketchedNorms, grams_pay, sketch_pays
@@ -565,7 +565,7 @@ def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtyp
         if ctx.loss_after is not None:
             loss_after = ctx.loss_after
         else:
-            loss_after = float(ctx.loss(factor_scores(X, ctx.new_scale * W_Q, W_K)))
+            loss_after = float(_loss_at_factors(ctx.loss, *score_factors(X, ctx.new_scale * W_Q, W_K)))
         # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
         # statistics were built from it, else one pass over the batch.
         M = ctx.M_batch if ctx.M_batch is not None else _gradient_sum(X, G, ctx.mask)
@@ -762,8 +762,10 @@ class GrowthStrategy(Strategy):
             U, s, V, lam, loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
         if lam > 0 and (ctx.heldout_samples is not None or loss_after is None or not math.isfinite(loss_after)):
             # The search moved part of the batch, or judged another direction: the whole batch's loss at the step.
+            with torch.no_grad(), section("trial scores"):
+                L, R = score_factors(ctx.X, U * s, V)
             with torch.no_grad():
-                loss_after = float(ctx.loss(truncated_scores(ctx.X, U, s, V)))
+                loss_after = float(_loss_at_factors(ctx.loss, L, R))
         return U, s, V, lam, loss_after
 
     def _refit(self, ctx: StepContext, rank: int) -> SearchProblem | None:
@@ -957,6 +959,7 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
     held = ctx.heldout_samples
     if held is not None:
         S0, loss = ctx.S0[held], _held_out_loss(ctx, held)
+    loss_of_factors = _loss_of_factors(ctx, held)
 
     def truncate(Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return strategy.truncation(Y, rank, metric)
@@ -990,7 +993,7 @@ def _build_search_problem(strategy: GrowthStrategy, stats: Statistics, ctx: Step
         loss0=ctx.loss0, truncate=truncate, lam_unit=math.sqrt(max(n_entries, 1.0)), slope0=slope + penalty,
         timings=ctx.timings, penalty=penalty,
         along=strategy.truncation.along(ctx.Z, P_hat, rank, metric, Z_factors=ctx.Z_factors, P_whitened=P_w_hat),
-        path_slope0=path_slope,
+        path_slope0=path_slope, loss_of_factors=loss_of_factors,
     )
 
 
@@ -1011,6 +1014,21 @@ def _held_out_loss(ctx: StepContext, held: slice) -> Callable[[Tensor], Tensor]:
         return ctx.loss(whole)
 
     return loss
+
+
+def _loss_of_factors(ctx: StepContext, held: slice | None) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """The search's loss of the moved samples' scores given as factors (:attr:`SearchProblem.loss_of_factors`):
+    the whole batch's, or with the samples ``held`` moved the others' output kept (``ctx.attention0``)."""
+    if not isinstance(ctx.loss, CountedLoss):  # a measurement's own context (harness.measure)
+        return None
+    if held is None:
+        return ctx.loss.at_factors
+    return partial(ctx.loss.with_sample_factors, ctx.attention0, held) if ctx.attention0 is not None else None
+
+
+def _loss_at_factors(loss: Callable[[Tensor], Tensor], L: Tensor, R: Tensor) -> Tensor:
+    """``loss(L @ R.mT)``, through :meth:`CountedLoss.at_factors` where ``loss`` is counted."""
+    return loss.at_factors(L, R) if isinstance(loss, CountedLoss) else loss(L @ R.mT)
 
 
 def _masked(scores: Tensor, mask: Tensor | None) -> Tensor:

@@ -104,6 +104,10 @@ class SearchProblem:
         The truncated path's slope at ``λ = 0⁺`` (with ``penalty`` added), or a function of no arguments that
         finds it (:func:`strategies.path_slope.truncated_path_slope`); NaN where unknown. Read it through
         :meth:`truncated_slope`.
+    loss_of_factors : callable, optional
+        ``loss``, the scores given as two factors ``L, R`` ``(b, d_s, r)`` with ``S = L Rᵀ``
+        (:meth:`strategies.scores_loss.CountedLoss.at_factors`); None where only ``loss`` is offered. Read it
+        through :meth:`loss_at_step`.
     """
 
     loss: Callable[[Tensor], Tensor]
@@ -120,6 +124,7 @@ class SearchProblem:
     penalty: float = 0.0
     along: Callable[[Tensor | float], tuple[Tensor, Tensor, Tensor]] | None = None
     path_slope0: float | Callable[[], float] = math.nan
+    loss_of_factors: Callable[[Tensor, Tensor], Tensor] | None = None
     _steps: dict[float, tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict, init=False, repr=False)
 
     def direction_scores(self) -> Tensor:
@@ -134,6 +139,15 @@ class SearchProblem:
         if callable(self.path_slope0):
             self.path_slope0 = self.path_slope0()
         return self.path_slope0 if math.isfinite(self.path_slope0) else self.slope0
+
+    def loss_at_step(self, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
+        """The loss at the scores ``X (U diag(s) Vᵀ) Xᵀ`` of a truncated step, ``U, V`` ``(d_e, r)``: through
+        ``loss_of_factors`` where the problem holds it, which forms the scores a few samples at a time."""
+        if self.loss_of_factors is None:
+            return self.loss(truncated_scores(self.X, U, s, V))
+        with section("trial scores"):
+            L, R = score_factors(self.X, U * s, V)
+        return self.loss_of_factors(L, R)
 
     def step_factors(self, lam: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
         """``T_r(Z − λP̂)`` as ``(U, s, V)``. A float λ's factors are kept: the search's finishing step truncates
@@ -250,11 +264,15 @@ class LineSearch(ABC):
         """``φ'(0)`` of this path, as the bracket search's model takes it: the fast path's ``slope0``."""
         return prob.slope0
 
+    def loss_at(self, prob: SearchProblem, lam: float) -> Tensor:
+        """The loss at the scores of step ``lam`` on this path."""
+        return prob.loss(self.scores(prob, lam))
+
     def phi(self, prob: SearchProblem, lam: float) -> float:
         """The loss at ``lam`` plus ``prob.penalty · lam``; non-finite losses become ``+inf`` so a search steps
         away from them."""
         with torch.no_grad():
-            v = float(prob.loss(self.scores(prob, lam)))
+            v = float(self.loss_at(prob, lam))
         return v + prob.penalty * lam if math.isfinite(v) else math.inf
 
     def search(self, prob: SearchProblem, log: list[str], info: dict) -> tuple[float, float]:
@@ -289,7 +307,7 @@ class LineSearch(ABC):
         if not self.loss_is_final:
             return damped, math.nan
         with torch.no_grad():
-            v = float(prob.loss(self.scores(prob, damped)))
+            v = float(self.loss_at(prob, damped))
         if not v < prob.loss0:
             log.append(f"damp: the loss at {self.damping:g}·λ is not below the loss at λ = 0; λ = 0")
             return 0.0, prob.loss0
@@ -579,9 +597,16 @@ def factor_scores(X: Tensor, A: Tensor, B: Tensor) -> Tensor:
     Both ``X A`` and ``X B`` come from one product of the flattened batch with ``[A, B]``: two products
     ``(b·d_s, d_e) @ (d_e, r)`` are narrow: at ``r = 8``, ``d_e = 64`` they took 3× the time of the one (CPU, 1 thread).
     """
+    L, R = score_factors(X, A, B)
+    return L @ R.mT
+
+
+def score_factors(X: Tensor, A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
+    """``(X A, X B)``, ``(b, d_s, r)`` each, the factors of the scores :func:`factor_scores` forms: from one
+    product of the flattened batch with ``[A, B]``."""
     r = A.shape[1]
     XAB = (X.reshape(-1, X.shape[-1]) @ torch.cat([A, B], 1)).reshape(*X.shape[:-1], 2 * r)
-    return XAB[..., :r] @ XAB[..., r:].mT
+    return XAB[..., :r], XAB[..., r:]
 
 
 def truncated_scores(X: Tensor, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
@@ -599,6 +624,9 @@ class NormalSearch(LineSearch):
 
     def scores(self, prob: SearchProblem, lam: Tensor | float) -> Tensor:
         return truncated_scores(prob.X, *prob.step_factors(lam))
+
+    def loss_at(self, prob: SearchProblem, lam: float) -> Tensor:
+        return prob.loss_at_step(*prob.step_factors(lam))
 
     def model_slope(self, prob: SearchProblem) -> float:
         """The truncated path's own slope at ``λ = 0⁺`` (:meth:`SearchProblem.truncated_slope`): where ``P̂`` has
@@ -630,7 +658,7 @@ class FastSearch(LineSearch):
         halvings = 0
         while True:
             with _timed(prob, "line_search"), torch.no_grad():
-                v = float(prob.loss(truncated_scores(prob.X, U, s, V)))
+                v = float(prob.loss_at_step(U, s, V))
             if v < prob.loss0:
                 break
             if halvings == self.max_backtrack:
