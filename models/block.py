@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 SCALE_POLICIES = ("rescale", "fixed", "learnable")
 #: Bytes of scores :meth:`HeadLoss.attend_factors` forms at a time on the CPU: a core's L2 cache on current x86
-#: server CPUs (1-2 MiB); at the reference sizes (d_s = 128, float32) 16 samples, within 5% of the fastest group
-#: from 4 to 64 samples (CPU, one thread).
+#: server CPUs (1-2 MiB). At the reference sizes (d_s = 128, float32) 16 samples: of groups of 4 to 64 samples,
+#: the fastest or within 5% of it (a trial's products and softmax over 128 and 256 samples, CPU, one thread).
 SCORE_CHUNK_BYTES = 2**20
 
 

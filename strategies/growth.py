@@ -565,7 +565,7 @@ def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtyp
         if ctx.loss_after is not None:
             loss_after = ctx.loss_after
         else:
-            loss_after = float(_loss_at_factors(ctx.loss, *score_factors(X, ctx.new_scale * W_Q, W_K)))
+            loss_after = float(_loss_at_factors(ctx.loss, X, ctx.new_scale * W_Q, W_K))
         # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
         # statistics were built from it, else one pass over the batch.
         M = ctx.M_batch if ctx.M_batch is not None else _gradient_sum(X, G, ctx.mask)
@@ -762,10 +762,8 @@ class GrowthStrategy(Strategy):
             U, s, V, lam, loss_after = self.line_search.finish(prob, lam, loss_at, ctx.log, ctx.info)
         if lam > 0 and (ctx.heldout_samples is not None or loss_after is None or not math.isfinite(loss_after)):
             # The search moved part of the batch, or judged another direction: the whole batch's loss at the step.
-            with torch.no_grad(), section("trial scores"):
-                L, R = score_factors(ctx.X, U * s, V)
             with torch.no_grad():
-                loss_after = float(_loss_at_factors(ctx.loss, L, R))
+                loss_after = float(_loss_at_factors(ctx.loss, ctx.X, U * s, V))
         return U, s, V, lam, loss_after
 
     def _refit(self, ctx: StepContext, rank: int) -> SearchProblem | None:
@@ -1026,8 +1024,11 @@ def _loss_of_factors(ctx: StepContext, held: slice | None) -> Callable[[Tensor, 
     return partial(ctx.loss.with_sample_factors, ctx.attention0, held) if ctx.attention0 is not None else None
 
 
-def _loss_at_factors(loss: Callable[[Tensor], Tensor], L: Tensor, R: Tensor) -> Tensor:
-    """``loss(L @ R.mT)``, through :meth:`CountedLoss.at_factors` where ``loss`` is counted."""
+def _loss_at_factors(loss: Callable[[Tensor], Tensor], X: Tensor, A: Tensor, B: Tensor) -> Tensor:
+    """The loss at the scores ``(X A)(X B)ᵀ`` of the batch ``X`` ``(b, d_s, d_e)``, ``A, B`` ``(d_e, r)``: through
+    :meth:`CountedLoss.at_factors` where ``loss`` is counted."""
+    with section("trial scores"):
+        L, R = score_factors(X, A, B)
     return loss.at_factors(L, R) if isinstance(loss, CountedLoss) else loss(L @ R.mT)
 
 

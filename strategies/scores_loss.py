@@ -14,7 +14,7 @@ A trial of the normal path has its scores as two factors, ``S = L Rᵀ`` with ``
 also offers ``attend_factors(L, R, samples)`` (:class:`FactoredAttention`) forms them a few samples at a time, each
 group's product, softmax and product with the values while its scores are in the CPU's cache: the same numbers as
 ``attend(L @ R.mT, samples)``, bit for bit, without the ``(b, d_s, d_s)`` scores in memory (at the reference sizes a
-trial's scores, softmax and product took a fifth less time, CPU, one thread).
+trial with its scores took 11 % less time on the held-out half, 15 % less on the whole batch, CPU, one thread).
 """
 
 from __future__ import annotations

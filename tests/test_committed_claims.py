@@ -362,3 +362,9 @@ def test_the_sixteenth_stops_cpu_targets_table_is_its_output():
     _check_targets_table("reports/targets/cpu-2026-11-28-d31221e.md",
                          SIXTEENTH,
                          "| | the fifteenth stop's run | this run | target 3× |")
+
+
+def test_the_seventeenth_stops_cpu_targets_table_is_its_output():
+    _check_targets_table("reports/targets/cpu-2026-11-28-8a31736.md",
+                         "## A trial's scores formed a few samples at a time",
+                         "| | the sixteenth stop's run | this run | target 3× |")
