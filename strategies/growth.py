@@ -53,7 +53,7 @@ from ._checks import (
     refuse_non_finite,
 )
 from .averaging import Averaging, Direction, Rotated
-from .line_search import LineSearch, SearchProblem, factor_scores, score_factors
+from .line_search import LineSearch, SearchProblem, factor_scores, loss_at_factors
 from .path_slope import truncated_path_slope
 from .result import GrowthResult
 from .score_change import SampleGrams, SketchedNorms, grams_pay, sketch_pays
@@ -565,7 +565,7 @@ def finish_step(ctx: StepContext, W_Q: Tensor, W_K: Tensor, lam: float, out_dtyp
         if ctx.loss_after is not None:
             loss_after = ctx.loss_after
         else:
-            loss_after = float(_loss_at_factors(ctx.loss, X, ctx.new_scale * W_Q, W_K))
+            loss_after = float(loss_at_factors(ctx.loss.at_factors, X, ctx.new_scale * W_Q, W_K))
         # -<G, X dZ Xᵀ> = -<Σ_b X_bᵀ G_b X_b, dZ>: reuse the batch's own sum when the
         # statistics were built from it, else one pass over the batch.
         M = ctx.M_batch if ctx.M_batch is not None else _gradient_sum(X, G, ctx.mask)
@@ -763,7 +763,7 @@ class GrowthStrategy(Strategy):
         if lam > 0 and (ctx.heldout_samples is not None or loss_after is None or not math.isfinite(loss_after)):
             # The search moved part of the batch, or judged another direction: the whole batch's loss at the step.
             with torch.no_grad():
-                loss_after = float(_loss_at_factors(ctx.loss, ctx.X, U * s, V))
+                loss_after = float(loss_at_factors(ctx.loss.at_factors, ctx.X, U * s, V))
         return U, s, V, lam, loss_after
 
     def _refit(self, ctx: StepContext, rank: int) -> SearchProblem | None:
@@ -1022,14 +1022,6 @@ def _loss_of_factors(ctx: StepContext, held: slice | None) -> Callable[[Tensor, 
     if held is None:
         return ctx.loss.at_factors
     return partial(ctx.loss.with_sample_factors, ctx.attention0, held) if ctx.attention0 is not None else None
-
-
-def _loss_at_factors(loss: Callable[[Tensor], Tensor], X: Tensor, A: Tensor, B: Tensor) -> Tensor:
-    """The loss at the scores ``(X A)(X B)ᵀ`` of the batch ``X`` ``(b, d_s, d_e)``, ``A, B`` ``(d_e, r)``: through
-    :meth:`CountedLoss.at_factors` where ``loss`` is counted."""
-    with section("trial scores"):
-        L, R = score_factors(X, A, B)
-    return loss.at_factors(L, R) if isinstance(loss, CountedLoss) else loss(L @ R.mT)
 
 
 def _masked(scores: Tensor, mask: Tensor | None) -> Tensor:

@@ -145,9 +145,7 @@ class SearchProblem:
         ``loss_of_factors`` where the problem holds it, which forms the scores a few samples at a time."""
         if self.loss_of_factors is None:
             return self.loss(truncated_scores(self.X, U, s, V))
-        with section("trial scores"):
-            L, R = score_factors(self.X, U * s, V)
-        return self.loss_of_factors(L, R)
+        return loss_at_factors(self.loss_of_factors, self.X, U * s, V)
 
     def step_factors(self, lam: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
         """``T_r(Z − λP̂)`` as ``(U, s, V)``. A float λ's factors are kept: the search's finishing step truncates
@@ -607,6 +605,14 @@ def score_factors(X: Tensor, A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
     r = A.shape[1]
     XAB = (X.reshape(-1, X.shape[-1]) @ torch.cat([A, B], 1)).reshape(*X.shape[:-1], 2 * r)
     return XAB[..., :r], XAB[..., r:]
+
+
+def loss_at_factors(loss_of_factors: Callable[[Tensor, Tensor], Tensor], X: Tensor, A: Tensor, B: Tensor) -> Tensor:
+    """The loss at the scores ``(X A)(X B)ᵀ`` of the batch ``X`` ``(b, d_s, d_e)``, ``A, B`` ``(d_e, r)``, from
+    ``loss_of_factors``, which takes the scores' factors (:func:`score_factors`)."""
+    with section("trial scores"):
+        L, R = score_factors(X, A, B)
+    return loss_of_factors(L, R)
 
 
 def truncated_scores(X: Tensor, U: Tensor, s: Tensor, V: Tensor) -> Tensor:
