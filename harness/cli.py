@@ -116,10 +116,11 @@ def _datasets() -> dict[str, str]:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from growbench.harness.runner.sweep import sweep_presets
+    from growbench.harness.runner.sweep import count_configs, sweep_presets
 
+    presets = sweep_presets()
     sweeps = {name: [{k: v for k, v in g.items() if k != "strategies"} | {"n_strategies": len(g["strategies"])}
-                     for g in grids] for name, grids in sweep_presets().items()}
+                     for g in grids] for name, grids in presets.items()}
     from growbench.harness.runner.train_sweep import train_presets
 
     data = {"presets": strategies.presets(), "strategies": strategies.specs(), "datasets": _datasets(),
@@ -138,18 +139,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(f"  {name:15s} {desc}")
     print("sweep presets:")
     for name, grids in sweeps.items():
-        n = sum(1 for _ in _iter_configs(name))
-        print(f"  {name:6s} {n} runs in {len(grids)} grid(s)")
+        print(f"  {name:6s} {count_configs(presets[name])} runs in {len(grids)} grid(s)")
     print("training presets (growbench train):")
     for name, configs in data["train_presets"].items():
         print(f"  {name:6s} {len(configs)} runs")
     return 0
-
-
-def _iter_configs(preset: str):
-    from growbench.harness.runner.sweep import expand, sweep_presets
-
-    return expand(sweep_presets()[preset])
 
 
 def _grids(args: argparse.Namespace) -> list[dict]:

@@ -13,7 +13,7 @@ from growbench import strategies
 from growbench.harness.cli import main as cli_main
 from growbench.harness.env import code_version
 from growbench.harness.measure import RunConfig
-from growbench.harness.runner.sweep import expand, run_sweep, summary, sweep_presets
+from growbench.harness.runner.sweep import count_configs, expand, run_sweep, summary, sweep_presets
 from growbench.harness.store.results import ResultsDB
 from growbench.harness.store.schema import CONFIG_COLUMNS
 
@@ -153,9 +153,27 @@ def test_expand_validates_names_and_deduplicates():
 
 
 def test_preset_sizes_are_valid():
+    """Every preset's configurations are valid, and ``growbench list`` counts them without building them
+    (``count_configs``) as many as ``expand`` builds."""
     for name, grids in sweep_presets().items():
-        for c in expand(grids):
+        configs = expand(grids)
+        for c in configs:
             assert c.d_k + c.p <= c.d_e, (name, c)
+        assert count_configs(grids) == len(configs), name
+
+
+def test_configs_are_counted_as_expand_builds_them_where_grids_overlap():
+    """Two grids that share configurations, one spelling out a default (n_batches = 4), strategies named twice (a
+    preset and its spec, ``default`` and the spec it runs): ``count_configs`` counts each configuration once, as
+    ``expand`` keeps it, and a scalar that differs makes another configuration."""
+    base = {"datasets": ["teacher", "digits"], "d_s": [8], "d_e": [8, 16], "b": [8], "d_k": [2], "p": [2],
+            "seeds": [0, 1], "devices": ["cpu"]}
+    grids = [base | {"strategies": ["formula2", strategies.canonical("formula2"), "default", "zero"]},
+             base | {"strategies": ["default", strategies.default_spec("cpu", 8), "random"], "n_batches": 4},
+             base | {"strategies": ["zero"], "n_batches": 2, "d_e": [16]}]
+    n = len(expand(grids))
+    assert n == 2 * 2 * 2 * 4 + 2 * 2  # formula2, default, zero and random at each point; zero at n_batches 2
+    assert count_configs(grids) == n
 
 
 def test_cli_list_json_and_unknown_names(tmp_path, capsys):

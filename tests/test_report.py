@@ -418,6 +418,24 @@ def test_write_default_is_read_by_make(tmp_path, monkeypatch, capsys):
     assert strategies.default_spec() == SECOND and strategies.make("default").resolve("cpu", 8).spec == SECOND
 
 
+# ------------------------------------------------------------------ the preset a database holds
+@pytest.mark.parametrize("preset", ["smoke", "objective-tokens", "quick"])
+def test_the_preset_is_named_only_for_exactly_its_configurations(preset):
+    """``infer_sweep`` names the preset whose configurations are the database's, and none for one configuration fewer
+    or one more (a run of another preset), whatever the order of the rows."""
+    from growbench.harness.report.sweep import infer_sweep
+    from growbench.harness.runner.sweep import expand, sweep_presets
+
+    presets = sweep_presets()
+    configs = expand(presets[preset])
+    frame = pd.DataFrame([c.as_dict() for c in configs])
+    other = next(c for name, grids in presets.items() if name != preset for c in expand(grids) if c not in configs)
+    assert infer_sweep(frame) == preset
+    assert infer_sweep(frame.iloc[::-1]) == preset
+    assert infer_sweep(frame.iloc[1:]) is None
+    assert infer_sweep(pd.concat([frame, pd.DataFrame([other.as_dict()])])) is None
+
+
 # ------------------------------------------------------------------ a real (tiny) sweep
 def test_report_of_a_tiny_real_sweep(tmp_path):
     from growbench.harness.runner.sweep import expand, run_sweep

@@ -19,7 +19,7 @@ from growbench.harness.rule.loading import is_growth, label, preset_names
 from growbench.harness.rule.parameters import DIAGNOSTICS, GENERALISES, QUALITY_NAMES, TIME_TOLERANCE
 from growbench.harness.rule.reference import CELL_COLUMNS
 from growbench.harness.rule.wording import rule_in_brief
-from growbench.harness.runner.sweep import expand, summary, sweep_presets
+from growbench.harness.runner.sweep import iter_configs, summary, sweep_presets
 from growbench.strategies.regimes import Regime, all_regimes
 from growbench.strategies.spec import default_specs
 
@@ -90,8 +90,17 @@ def infer_sweep(frame: pd.DataFrame) -> str | None:
     try:
         have = {tuple(r) for r in frame[cols].astype(str).itertuples(index=False)}
         for name, grids in sweep_presets().items():
-            if have == {tuple(str(v) for v in c.as_dict().values()) for c in expand(grids)}:
-                return name
+            # Configuration by configuration, to the first the database lacks: building the whole of the `full`
+            # preset to compare took most of a report's time.
+            matched = set()
+            for config in iter_configs(grids):
+                key = tuple(str(getattr(config, c)) for c in cols)
+                if key not in have:
+                    break
+                matched.add(key)
+            else:
+                if matched == have:
+                    return name
     except Exception:  # noqa: BLE001 - only a convenience for the report's first lines
         return None
     return None
