@@ -169,6 +169,25 @@ def test_each_png_has_its_svg_linked_beside_it(cli_report):
         assert f'href="figures/{name}.svg"' in html and f"](figures/{name}.svg)" in md, name
 
 
+def test_the_same_database_draws_the_same_figures_bit_for_bit(cli_report, small, tmp_path):
+    """Another report of the same database, in this process with numpy's global generator elsewhere, writes every
+    figure, PNG and SVG, byte for byte as the user's command did (the strip plots' jitter is seeded; an SVG has
+    no date and fixed ids), and leaves that generator where it was."""
+    from growbench.harness.cli import main as cli_main
+
+    first, _ = cli_report
+    np.random.seed(12345)
+    state = np.random.get_state()
+    assert cli_main(["report", "--db", str(small), "--out", str(tmp_path / "again")]) == 0
+    after = np.random.get_state()
+    assert after[0] == state[0] and np.array_equal(after[1], state[1]) and after[2:] == state[2:]
+    drawn = sorted(p.name for p in (first / "figures").iterdir())
+    assert {"ablation.png", "ablation.svg", "breakdown.svg"} <= set(drawn)
+    assert sorted(p.name for p in (tmp_path / "again" / "figures").iterdir()) == drawn
+    for name in drawn:
+        assert (first / "figures" / name).read_bytes() == (tmp_path / "again" / "figures" / name).read_bytes(), name
+
+
 def test_no_svg_link_without_the_svg():
     """``--no-svg`` writes PNGs only: the pages then link no SVG that is not there."""
     fig, _ = plt.subplots()

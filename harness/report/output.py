@@ -32,6 +32,8 @@ from growbench.harness.rule.default_file import database_label
 
 MANIFEST = ".growbench-report.json"
 FIGURES = "figures"
+#: Salt of the ids in a figure's SVG (matplotlib draws a random one otherwise).
+SVG_HASH_SALT = "growbench"
 # The files of every report besides its figures (whose names are known once drawn): checked before any work.
 FIXED_FILES = ("report.html", "report.md", "summary.csv", "recommendation.json", "training_summary.csv")
 # The names a report writes: a page, table or figure directly in --out or in --out/figures (nothing hidden,
@@ -146,7 +148,9 @@ class ReportFiles:
         self.add(f"{FIGURES}/{result.name}.png", result.png)
         if svg:
             buffer = io.BytesIO()
-            result.fig.savefig(buffer, format="svg")
+            # No date and ids from a fixed salt, not a random one: the same figure is the same file.
+            with plt.rc_context({"svg.hashsalt": SVG_HASH_SALT}):
+                result.fig.savefig(buffer, format="svg", metadata={"Date": None})
             self.add(f"{FIGURES}/{result.name}.svg", buffer.getvalue())
             result.svg = True  # both pages link it beside the PNG
         plt.close(result.fig)

@@ -8,10 +8,17 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from growbench import strategies
-from growbench.harness.report.figures.base import MAX_WIDTH_IN, FigureResult, bottom_legend, log_axis, plain_text, theme
+from growbench.harness.report.figures.base import (
+    MAX_WIDTH_IN,
+    FigureResult,
+    bottom_legend,
+    log_axis,
+    plain_text,
+    strip_plot,
+    theme,
+)
 from growbench.harness.report.figures.palette import dataset_colors
 from growbench.harness.rule.loading import is_growth, stored_spec
 from growbench.harness.rule.reference import CELL_COLUMNS, measures
@@ -121,8 +128,8 @@ def _draw(pairs: pd.DataFrame, changes: list[str]) -> plt.Figure:
     keyed = next((ax for ax, (col, *_) in zip(axes, EFFECTS, strict=True) if np.isfinite(pairs[col]).any()), axes[0])
     for ax, (col, xlabel, neutral, title) in zip(axes, EFFECTS, strict=True):
         finite = pairs[np.isfinite(pairs[col])]
-        sns.stripplot(data=finite, x=col, y="change", hue="dataset", order=changes, hue_order=datasets, palette=palette,
-                      ax=ax, size=5, jitter=0.18, alpha=0.85, legend=ax is keyed, orient="h")
+        strip_plot(data=finite, x=col, y="change", hue="dataset", order=changes, hue_order=datasets, palette=palette,
+                   ax=ax, size=5, jitter=0.18, alpha=0.85, legend=ax is keyed, orient="h")
         med = finite.groupby("change")[col].median().reindex(changes)
         ax.scatter(med.values, range(len(changes)), marker="|", s=400, color="black", lw=2, zorder=5,
                    label="median over pairs" if ax is keyed else None)

@@ -15,6 +15,7 @@ matplotlib.use("Agg")  # before pyplot: the report draws off-screen, on machines
 
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.transforms import Bbox, offset_copy  # noqa: E402
@@ -131,6 +132,24 @@ def bottom_legend(fig: plt.Figure, axes, ncol: int, title: str | None = None, to
     fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=ncol, frameon=False, title=title)
     top_margin = (1 - top) * panels_height
     fig.tight_layout(rect=(0, legend_height / fig.get_figheight(), 1, 1 - top_margin / fig.get_figheight()))
+
+
+#: Seed of the strip plots' jitter: the same database draws the same figure, bit for bit.
+JITTER_SEED = 0
+
+
+def strip_plot(**kwargs) -> plt.Axes:
+    """``seaborn.stripplot(**kwargs)`` with its jitter drawn from :data:`JITTER_SEED`.
+
+    seaborn draws the jitter from numpy's global generator: each report drew its dots elsewhere (a new PNG and SVG
+    for the same runs). The global state is put back as it was.
+    """
+    state = np.random.get_state()
+    np.random.seed(JITTER_SEED)
+    try:
+        return sns.stripplot(**kwargs)
+    finally:
+        np.random.set_state(state)
 
 
 def log_axis(ax: plt.Axes, axis: str = "x", base: float = 10) -> None:

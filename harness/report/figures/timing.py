@@ -7,7 +7,6 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from growbench import strategies
 from growbench.harness.recommend import CELL_COLUMNS, is_growth, preset_names, reference_runs
@@ -20,6 +19,7 @@ from growbench.harness.report.figures.base import (
     panel_title,
     plain_text,
     stored_extra,
+    strip_plot,
     theme,
 )
 from growbench.harness.report.figures.palette import (
@@ -378,8 +378,8 @@ def devices(frame: pd.DataFrame) -> FigureResult:
     med = both.groupby("label").speedup.median().sort_values()
     order = med.index.tolist()
     fig, ax = plt.subplots(figsize=(9.5, 2.2 + 0.32 * len(order)))
-    sns.stripplot(data=both, x="speedup", y="label", hue="dataset", order=order, ax=ax, orient="h", size=5,
-                  jitter=0.15, palette=dataset_colors(both.dataset), hue_order=sorted(both.dataset.unique()))
+    strip_plot(data=both, x="speedup", y="label", hue="dataset", order=order, ax=ax, orient="h", size=5,
+               jitter=0.15, palette=dataset_colors(both.dataset), hue_order=sorted(both.dataset.unique()))
     ax.scatter(med.values, range(len(order)), marker="|", s=300, color=BLACK, lw=2, zorder=5, label="median")
     ax.set_yticks(range(len(order)), [plain_text(o) for o in order])
     ax.axvline(1, color=BLACK, ls="--", lw=0.8)
