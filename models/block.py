@@ -287,10 +287,10 @@ class HeadLoss:
         if L.shape[:2] != (n, self.d_s) or R.shape != L.shape:
             raise ValueError(f"score factors must have shape {(n, self.d_s, 'r')}, got {tuple(L.shape)} and "
                              f"{tuple(R.shape)}")
-        V = self.V[samples]
         chunk = SCORE_CHUNK_BYTES // (self.d_s * self.d_s * L.element_size())
         if L.device.type != "cpu" or chunk < 1:  # a GPU's kernels want the whole batch at once
-            return self._output(self._attention(L @ R.mT) @ V, samples)
+            return self.attend(L @ R.mT, samples)
+        V = self.V[samples]
         # Written through out= into one buffer of the batch's shape, each group's product takes the kernel the
         # whole batch's takes (a new tensor per group did not, at some sizes, and rounded otherwise).
         values = torch.empty(n, self.d_s, V.shape[-1], dtype=torch.result_type(L, V), device=L.device)

@@ -409,10 +409,11 @@ def count_configs(grids: Iterable[dict]) -> int:
     """``len(expand(grids))`` for grids :func:`expand` accepts, without building or checking a configuration: what
     ``growbench list`` shows (building the ``full`` preset's some 260 000 took seconds)."""
     spec = functools.cache(run_spec)
+    scalar_fields = _scalar_fields()
     distinct = set()
     for grid in grids:
         # Every field's value, a default as well, so that two grids that differ only in spelling one out agree.
-        scalars = tuple(grid.get(f.name, f.default) for f in _scalar_fields())
+        scalars = tuple(grid.get(f.name, f.default) for f in scalar_fields)
         distinct.update((spec(name, device, d_e), dataset, d_s, d_e, b, d_k, p, seed, device, scalars)
                         for dataset, d_s, d_e, b, d_k, p, seed, device, name in _grid_points(grid))
     return len(distinct)
