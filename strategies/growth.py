@@ -1096,16 +1096,19 @@ def _numbers_from_sums(ctx: StepContext, P: Tensor, finite_t: Tensor,
 
 
 def _score_change_norms(ctx: StepContext) -> SampleGrams | SketchedNorms | None:
-    """What the growth's ``‖X P Xᵀ‖`` are taken from without forming ``X P Xᵀ``: probes where a sketch pays, the
-    samples' Gram matrices where the traces do, else None (the score change is formed)."""
-    if sketch_pays(ctx.X, ctx.mask):
-        return SketchedNorms(ctx.X)
-    if not grams_pay(ctx.X, ctx.mask):
-        return None
+    """What the growth's ``‖X P Xᵀ‖`` are taken from without forming ``X P Xᵀ``: probes where a sketch pays (through
+    the samples' Gram matrices where the statistics kept them), the samples' Gram matrices where the traces pay,
+    else None (the score change is formed)."""
     # Statistics of every sample hold the one batch λ is chosen on (+holdout's split), and may have kept its
     # samples' Gram matrices.
     kept = ctx.refit_stats.sample_grams if ctx.refit_stats is not None else None
-    return SampleGrams(ctx.X) if kept is None else SampleGrams(grams=kept.to(dtype=ctx.X.dtype, device=ctx.X.device))
+    if kept is not None:
+        kept = kept.to(dtype=ctx.X.dtype, device=ctx.X.device)
+    if sketch_pays(ctx.X, ctx.mask):
+        return SketchedNorms(ctx.X, grams=kept)
+    if not grams_pay(ctx.X, ctx.mask):
+        return None
+    return SampleGrams(ctx.X) if kept is None else SampleGrams(grams=kept)
 
 
 def _metric(truncation: Truncation, stats: Statistics, rotated: Rotated | None, X: Tensor) -> Metric | None:

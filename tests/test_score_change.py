@@ -45,8 +45,12 @@ def test_in_float32_the_traces_are_as_accurate_as_the_formed_norm(cond):
     assert traces <= max(2 * formed, 1e-6), (traces, formed)
 
 
+def _sketch_through_grams(X: torch.Tensor, **options) -> SketchedNorms:
+    return SketchedNorms(X, grams=X.mT @ X, **options)
+
+
 @pytest.mark.parametrize("exponent", [-60, 40])
-@pytest.mark.parametrize(("norms", "rel"), [(SampleGrams, 1e-6), (SketchedNorms, 1e-5)])
+@pytest.mark.parametrize(("norms", "rel"), [(SampleGrams, 1e-6), (SketchedNorms, 1e-5), (_sketch_through_grams, 1e-5)])
 def test_the_norms_keep_float32s_range_at_extreme_magnitudes(norms, rel, exponent):
     # Unscaled, the traces of X 2^40 would reach 2^320 and those of X 2^-60 underflow to 0 (the sketch's squared
     # probes alike); ‖X P Xᵀ‖ is in range, and scales with X² exactly.
@@ -197,6 +201,28 @@ def test_the_sketch_is_reproducible_and_leaves_the_global_random_stream_alone():
         SketchedNorms(X, probes=1)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_the_sketch_through_the_gram_matrices_is_the_sketch_through_x(seed):
+    # ‖X_b z‖² = zᵀ A_b z: the same probes give the same estimate and error (float64, up to rounding), in float32
+    # as close to the float64 estimate as the products with X are; the matrices handed over are left as they were.
+    X = anisotropic_X(32, 40, 12, cond=1e3, seed=seed) * 2.0**30
+    P = _ill_placed_direction(X, seed=seed + 20)
+    grams = X.mT @ X
+    kept = grams.clone()
+    through_x = SketchedNorms(X).score_change_norm(P, with_error=True)
+    through_grams = SketchedNorms(X, grams=grams).score_change_norm(P, with_error=True)
+    assert torch.equal(grams, kept)
+    for a, b in zip(through_grams, through_x, strict=True):
+        assert float(a) == pytest.approx(float(b), rel=1e-12)
+    X32, P32 = X.float(), P.float()
+    estimate = float(through_x[0])
+    rows = abs(float(SketchedNorms(X32).score_change_norm(P32)) / estimate - 1)
+    quadratic = abs(float(SketchedNorms(X32, grams=X32.mT @ X32).score_change_norm(P32)) / estimate - 1)
+    assert quadratic <= max(4 * rows, 1e-5), (quadratic, rows)
+    with pytest.raises(ValueError, match="X_bᵀ X_b, shape"):
+        SketchedNorms(X, grams=grams[1:])
+
+
 def test_the_sketch_pays_only_where_it_costs_at_most_half_the_exact_norm():
     assert sketch_pays(torch.zeros(256, 128, 64), None)  # the targets' batches: a third of the traces
     assert sketch_pays(torch.zeros(256, 128, 256), None)
@@ -228,6 +254,33 @@ def test_a_growth_with_a_sketched_norm_takes_the_exact_norms_step(spec, monkeypa
     assert rel_err(sketched.dZ, exact.dZ) < 0.01
     loss0 = sketched.loss_before
     assert loss0 - sketched.loss_after == pytest.approx(loss0 - exact.loss_after, rel=0.02)
+
+
+def test_a_holdout_growth_sketches_through_the_gram_matrices_its_statistics_kept(monkeypatch):
+    # Where the sketch pays, a one-batch +holdout growth hands its statistics' Gram matrices to the sketch (both
+    # directions' norms through them): the step of the sketch through X up to rounding.
+    X, G, W_Q, W_K, c, loss = _unmasked_growth_problem(seed=17, b=256, d_s=128, d_e=64, d_k=4)
+    spec = "gram/ridge/full+metric/normal+holdout+shrink:bracket"
+    made = []
+
+    class Recorded(SketchedNorms):  # the growth checks what its norms are
+        def __init__(self, X, grams=None):
+            made.append(grams)
+            super().__init__(X, grams=grams)
+
+    class ThroughX(SketchedNorms):
+        def __init__(self, X, grams=None):
+            super().__init__(X)
+
+    monkeypatch.setattr(growth, "SketchedNorms", Recorded)
+    stats = strategies.make(spec).new_statistics().update(X, G)
+    through_grams = strategies.make(spec).grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, stats=stats)
+    assert len(made) == 1 and torch.equal(made[0], stats.sample_grams)
+    monkeypatch.setattr(growth, "SketchedNorms", ThroughX)
+    through_x = strategies.make(spec).grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, stats=stats)
+    assert through_grams.info["norm_sketch_rel_se"] == pytest.approx(through_x.info["norm_sketch_rel_se"], rel=1e-9)
+    assert through_grams.lam > 0 and through_grams.lam == pytest.approx(through_x.lam, rel=1e-9)
+    assert rel_err(through_grams.dZ, through_x.dZ) < 1e-8
 
 
 def test_a_zero_direction_where_the_sketch_pays_records_no_estimate_and_takes_no_step():
