@@ -7,9 +7,11 @@ oracle for the library: nothing imports from ``strategies`` except what is under
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 import torch
 
 DT = torch.float64
@@ -17,6 +19,17 @@ DT = torch.float64
 # Every matrix here is tiny: threads only add overhead (on this 2-core machine a multi-threaded
 # LAPACK QR of a 6×6 matrix takes ~8 ms instead of ~10 µs, which made rsvd tests 100× slower).
 torch.set_num_threads(1)
+
+#: The most workers ``-n auto`` starts: each holds torch and its own models (about half a GiB), and with whole files
+#: per worker the longest file bounds the suite long before a fifth worker would help.
+MAX_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: known only where xdist is installed
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per core this process may use, at most :data:`MAX_WORKERS`."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
 
 
 def gen(seed: int) -> torch.Generator:
