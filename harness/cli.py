@@ -504,7 +504,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_targets(args: argparse.Namespace) -> int:
     import torch
 
-    from growbench.harness.env import device_name, torch_threads
+    from growbench.harness.env import cpu_capability, device_name, torch_threads
     from growbench.harness.files import check_output_file, replace_file
     from growbench.harness.targets import run_targets
     from growbench.harness.validate import check_device
@@ -513,9 +513,10 @@ def _cmd_targets(args: argparse.Namespace) -> int:
     if args.out:
         check_output_file(args.out)
     with torch_threads(args.threads):
-        # Every figure below depends on the thread count and the allocator: say them first, and in the table.
+        # Every figure below depends on the thread count, the allocator and the CPU's kernels: say them first, and
+        # in the table.
         where = (f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.device} "
-                 f"({device_name(args.device)}), allocator: {allocator()}")
+                 f"({device_name(args.device)}, CPU kernels {cpu_capability()}), allocator: {allocator()}")
         print(where, flush=True)
         table = run_targets(repeats=args.repeats, device=args.device, cache_dir=args.cache_dir,
                             scale=not args.skip_scale)

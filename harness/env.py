@@ -135,11 +135,22 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_capability() -> str:
+    """The set of vector instructions torch's CPU kernels run with here (``AVX512``, ``AVX2``, ``DEFAULT``...).
+
+    Kernels of two sets sum float32 products in different orders: the same seed reproduces a run bit for bit only
+    on a CPU of the same set (and thread count). The CPU's model name does not tell them apart: "AMD EPYC" hosts of
+    both sets have made runs of this suite.
+    """
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def environment(device: str) -> dict:
     """The columns every result row carries about its environment."""
     return {
         "torch_version": torch.__version__,
         "device_name": device_name(device),
+        "cpu_capability": cpu_capability(),
         "threads": torch.get_num_threads(),
         "git_commit": git_commit(),
         "code_version": code_version(),

@@ -368,3 +368,9 @@ def test_the_seventeenth_stops_cpu_targets_table_is_its_output():
     _check_targets_table("reports/targets/cpu-2026-11-28-8a31736.md",
                          "## A trial's scores formed a few samples at a time",
                          "| | the sixteenth stop's run | this run | target 3× |")
+
+
+def test_the_twentieth_stops_cpu_targets_table_is_its_output():
+    _check_targets_table("reports/targets/cpu-2026-11-29-da598b3.md",
+                         "## `growbench targets` on an AVX2 host",
+                         "| | the seventeenth stop's run (AVX-512) | this run (AVX2) | target 3× |")

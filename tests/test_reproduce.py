@@ -31,10 +31,11 @@ QUALITY_COLUMNS = ["optimality", "first_order_decrease", "bottleneck", "loss_bef
                    "heldout_after", "heldout_decrease", "lam", "path_efficiency"]
 RTOL, ATOL = 1e-4, 1e-7
 SLICE_STRATEGIES = [strategies.canonical(s) for s in (ABLATION_CENTRE, "joint", "zero")]
-#: torch's CPU kernels (``torch.backends.cpu.get_cpu_capability()``) the committed runs were made with. AVX2
-#: kernels sum float32 products in another order: on an AVX2 host (2026-11-28) the slice's teacher, text and
-#: icl-regression runs agreed to 1e-6, but digits, whose joint solve is ill-conditioned, stepped elsewhere (λ 32
-#: against 17), and the centre's step there, one float32 ulp of the loss deep, has a path efficiency of rounding.
+#: torch's CPU kernels (``torch.backends.cpu.get_cpu_capability()``) the committed runs were made with, before runs
+#: recorded them (the ``cpu_capability`` column). AVX2 kernels sum float32 products in another order: on an AVX2
+#: host (2026-11-28) the slice's teacher, text and icl-regression runs agreed to 1e-6, but digits, whose joint solve
+#: is ill-conditioned, stepped elsewhere (λ 32 against 17), and the centre's step there, one float32 ulp of the loss
+#: deep, has a path efficiency of rounding.
 COMMITTED_KERNELS = "AVX512"
 
 
@@ -74,15 +75,27 @@ def test_the_slice_covers_every_small_band_dataset(committed):
     assert (picked.threads == 1).all()
 
 
+def _committed_kernels(picked: pd.DataFrame) -> str:
+    """The CPU kernels the runs ``picked`` were made with: recorded by each, or :data:`COMMITTED_KERNELS` for runs made
+    before the column was."""
+    recorded = picked.cpu_capability.dropna().unique() if "cpu_capability" in picked else []
+    assert len(recorded) <= 1, f"the slice's runs were made with several kernel sets: {sorted(recorded)}"
+    return recorded[0] if len(recorded) else COMMITTED_KERNELS
+
+
 def test_a_fresh_run_reproduces_the_committed_quality_columns(committed, fresh_slice):
-    kernels = torch.backends.cpu.get_cpu_capability()
-    if kernels != COMMITTED_KERNELS:
-        pytest.skip(f"the committed runs were made with torch's {COMMITTED_KERNELS} CPU kernels, this CPU takes "
+    kernels, theirs = torch.backends.cpu.get_cpu_capability(), _committed_kernels(_slice(committed))
+    if kernels != theirs:
+        pytest.skip(f"the committed runs were made with torch's {theirs} CPU kernels, this CPU takes "
                     f"{kernels}, which round float32 sums otherwise")
     for (_, row), fresh in zip(_slice(committed).iterrows(), fresh_slice, strict=True):
         for column in QUALITY_COLUMNS:
             np.testing.assert_allclose(fresh[column], row[column], rtol=RTOL, atol=ATOL,
                                        err_msg=f"{row.dataset} {row.strategy} {column}")
+
+
+def test_a_fresh_run_records_the_kernels_it_was_made_with(fresh_slice):
+    assert {fresh["cpu_capability"] for fresh in fresh_slice} == {torch.backends.cpu.get_cpu_capability()}
 
 
 def test_the_slice_run_again_from_an_empty_cache_is_the_same_bit_for_bit(committed, fresh_slice, tmp_path):

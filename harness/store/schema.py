@@ -107,7 +107,7 @@ RESULT_COLUMNS = {
 ENV_COLUMNS = {
     "torch_version": "TEXT", "device_name": "TEXT", "threads": "INTEGER", "git_commit": "TEXT",
     "code_version": "TEXT", "hostname": "TEXT", "python": "TEXT", "started_at": "TEXT", "finished_at": "TEXT",
-    "allocator": "TEXT",
+    "allocator": "TEXT", "cpu_capability": "TEXT",
 }
 _RUN_STATUS = {"key": "TEXT PRIMARY KEY", "status": "TEXT NOT NULL", "error": "TEXT"}
 RUNS = Table("runs", {**_RUN_STATUS, **CONFIG_COLUMNS, **RESULT_COLUMNS, **ENV_COLUMNS}, ("key",))
