@@ -45,10 +45,15 @@ class Capture(NamedTuple):
         targets. ``block.loss_of_scores(rest, head)`` is the line search's loss on that batch;
         it is left to the caller to build because it snapshots the other heads' factors,
         which training changes between the growths of two heads.
+    loss : float
+        The model's loss on the last batch, from the forward whose backward gave its ``G``: what
+        ``block.loss_of_scores(rest, head)`` gives at any head's current scores, up to rounding, until a growth
+        changes the model (a growth's ``loss_before``).
     """
 
     batches: list[BatchCapture]
     rest: Callable[[torch.Tensor], torch.Tensor]
+    loss: float
 
 
 def capture(model, ds, b: int, indices: Iterable[int], device: str) -> Capture:
@@ -86,22 +91,23 @@ def capture_heads(model, batches: list[tuple[torch.Tensor, torch.Tensor]], devic
     Returns
     -------
     Capture
-        Per batch ``(X, G per head, mask)``, and the rest of the model on the last batch.
+        Per batch ``(X, G per head, mask)``, the rest of the model on the last batch and its loss there.
     """
     block = model.block
-    out, targets = [], None
+    out, targets, loss = [], None, None
     for inputs, targets in batches:
         inputs, targets = inputs.to(device), targets.to(device)
         model.zero_grad(set_to_none=True)
         with block.capture():
-            model.loss(inputs, targets).backward()
+            loss = model.loss(inputs, targets)
+            loss.backward()
         seen = [block.captured(h) for h in range(block.n_heads)]
         X = tuple(c.Xa for c in seen) if getattr(block, "inputs_per_head", False) else seen[0].Xa
         out.append(BatchCapture(X, tuple(c.G for c in seen), seen[0].mask))
     model.zero_grad(set_to_none=True)
     if targets is None:
         raise ValueError("capture needs at least one batch")
-    return Capture(out, model.rest(targets))
+    return Capture(out, model.rest(targets), float(loss.detach()))
 
 
 def head_captures(caps: list[BatchCapture], head: int) -> list[BatchCapture]:

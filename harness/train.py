@@ -204,12 +204,15 @@ def split_budget(strategy, stats: dict[int, object], room: dict[int, int], p: in
 
 
 def grow_heads(model, strategy, opt, caps: list[BatchCapture], rest, p_per_head: dict[int, int], policy: str,
-               stats: dict | None = None) -> list[dict]:
+               stats: dict | None = None, loss_before: float | None = None) -> list[dict]:
     """Grow each head by ``p_per_head[h]`` and move the optimiser onto the new parameters.
 
     Heads are grown one after another; each line search sees the heads grown before it
     (its ``loss_of_scores`` is built after their installation). ``stats`` may hold heads'
-    statistics already computed from ``caps``. Returns one record per grown head.
+    statistics already computed from ``caps``. ``loss_before`` is the model's loss on the last
+    captured batch (:attr:`Capture.loss`), None to have the first growth evaluate it; each later
+    head is handed the one before's ``loss_after``, the loss of the model as installed on that batch,
+    so no growth evaluates what the last one did. Returns one record per grown head.
     """
     block = model.block
     events = []
@@ -222,7 +225,7 @@ def grow_heads(model, strategy, opt, caps: list[BatchCapture], rest, p_per_head:
         W_Q, W_K = block.factors(h)
         scale, new_scale = block.scale(h), block.new_scale(h, p)
         r = strategy.grow(W_Q, W_K, Xa, Gs[h], p=p, loss_of_scores=block.loss_of_scores(rest, h), scale=scale,
-                          new_scale=new_scale, mask=mask, stats=st)
+                          new_scale=new_scale, mask=mask, stats=st, loss_before=loss_before)
         alpha = math.sqrt(scale / new_scale)
         W_Q2, W_K2 = r.W_Q, r.W_K
         if not is_baseline(strategy) and policy == "pad":
@@ -230,6 +233,8 @@ def grow_heads(model, strategy, opt, caps: list[BatchCapture], rest, p_per_head:
         head = block.heads[h]
         old_Q, old_K = head.W_Q, head.W_K
         block.install(h, W_Q2, W_K2)
+        # The installed factors compute the returned ones' scores (align_to_old rotates them): the same loss.
+        loss_before = r.loss_after if r.loss_after_finite else None
         replace_parameter(opt, old_Q, head.W_Q, policy, alpha)
         replace_parameter(opt, old_K, head.W_K, policy, alpha)
         events.append({"head": h, "p": p, "d_k": block.d_k(h), "lam": r.lam, "loss_before": r.loss_before,
@@ -428,7 +433,7 @@ def _growth_event(model, batches: list, strategy, opt, cfg: TrainConfig, step: i
     Heads are taken in ``block.growth_order()`` where the block has one (the real model's:
     deepest layer first), else by index.
     """
-    caps, rest = capture_heads(model, batches, cfg.device)
+    caps, rest, loss = capture_heads(model, batches, cfg.device)
     block = model.block
     order = block.growth_order() if hasattr(block, "growth_order") else range(block.n_heads)
     room = {h: cfg.d_k_max - block.d_k(h) for h in order}
@@ -445,4 +450,4 @@ def _growth_event(model, batches: list, strategy, opt, cfg: TrainConfig, step: i
         p_per_head = split_budget(strategy, stats, room, cfg.p)
     else:
         p_per_head = {h: min(cfg.p, r) for h, r in room.items()}
-    return grow_heads(model, strategy, opt, caps, rest, p_per_head, cfg.opt_state, stats)
+    return grow_heads(model, strategy, opt, caps, rest, p_per_head, cfg.opt_state, stats, loss)

@@ -177,7 +177,8 @@ class GrowsHeads:
     ``install`` (the interface of :class:`GrowableAttention`).
     """
 
-    def grow(self, head: int, strategy: Any, p: int, rest: Callable[[Tensor], Tensor], stats: Any = None) -> Any:
+    def grow(self, head: int, strategy: Any, p: int, rest: Callable[[Tensor], Tensor], stats: Any = None,
+             loss_before: float | Tensor | None = None) -> Any:
         """Grow ``head`` by ``p`` with ``strategy`` from the last captured pass.
 
         Parameters
@@ -195,6 +196,10 @@ class GrowsHeads:
             state) to the scalar loss of the captured batch (see ``loss_of_scores``).
         stats : object, optional
             Passed through to the strategy (e.g. accumulated statistics).
+        loss_before : float or Tensor, optional
+            ``rest``'s loss of the captured batch as the model stands (the captured forward's, where ``rest`` is
+            that loss; the last growth's ``loss_after``, where it grew another head on the same batch): passed
+            through to a strategy that takes it, which then does not evaluate it.
 
         Returns
         -------
@@ -206,6 +211,10 @@ class GrowsHeads:
         # The captured scores too, to a strategy that takes them: the forward made them, and a growth need not
         # form them again.
         given = {"scores": cap.S} if _takes(strategy.grow, "scores") else {}
+        if loss_before is not None:
+            if not _takes(strategy.grow, "loss_before"):
+                raise ValueError(f"loss_before: {type(strategy).__name__}.grow does not take it")
+            given["loss_before"] = loss_before
         r = strategy.grow(W_Q, W_K, cap.Xa, cap.G, p=p, loss_of_scores=self.loss_of_scores(rest, head),
                           scale=self.scale(head), new_scale=self.new_scale(head, p), mask=cap.mask, stats=stats,
                           **given)

@@ -164,6 +164,30 @@ def check_scale(name: str, c: float) -> float:
     return c
 
 
+def check_loss_before(value: object) -> float | None:
+    """A caller's loss at the current scores (``grow(loss_before=...)``) as a float, or None where not given.
+
+    Raises
+    ------
+    ValueError
+        A value that is not one real number (a Python number or a one-element real tensor), or not finite.
+    """
+    if value is None:
+        return None
+    if torch.is_tensor(value):
+        if value.numel() != 1 or value.is_complex() or not value.is_floating_point() or value.device.type == "meta":
+            raise ValueError(f"loss_before must be the loss at the current scores, one real number, got a "
+                             f"{value.dtype} tensor of shape {tuple(value.shape)} on {value.device}")
+        value = float(value.detach())
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"loss_before must be the loss at the current scores, a number, got {value!r:.80}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"loss_before is {value}: a growth needs the finite loss at the current scores (leave it "
+                         "out to have the growth evaluate it)")
+    return value
+
+
 #: Inputs of these dtypes are computed in float32 (see :func:`compute_dtype`).
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 

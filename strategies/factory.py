@@ -219,7 +219,7 @@ class DefaultStrategy(Strategy):
     def grow(self, W_Q: Tensor, W_K: Tensor, X: Tensor, G: Tensor, p: int,
              loss_of_scores: Callable[[Tensor], Tensor], scale: float | None = None, new_scale: float | None = None,
              mask: Tensor | None = None, stats: Statistics | None = None,
-             scores: Tensor | None = None) -> GrowthResult:
+             scores: Tensor | None = None, loss_before: float | Tensor | None = None) -> GrowthResult:
         """:meth:`Strategy.grow` with the choice of ``X``'s regime; see the class docstring for what it records."""
         if not isinstance(X, Tensor) or X.dim() < 1:
             raise ValueError("X must be a tensor (b, d_s, d_e)")
@@ -231,7 +231,7 @@ class DefaultStrategy(Strategy):
                 f"{chosen.spec}: build them with strategies.make(strategies.default_spec(device=..., d_e=...))"
                 ".new_statistics()")
         result = strategy.grow(W_Q, W_K, X, G, p, loss_of_scores, scale=scale, new_scale=new_scale, mask=mask,
-                               stats=stats, scores=scores)
+                               stats=stats, scores=scores, loss_before=loss_before)
         info = result.info
         info["default_regime"] = chosen.regime.key
         info["default_evidence"] = chosen.evidence()

@@ -46,6 +46,7 @@ from ._checks import (
     check_batch,
     check_factors,
     check_float_tensor,
+    check_loss_before,
     check_scale,
     finite_magnitudes,
     pow2_scale,
@@ -262,6 +263,7 @@ class Strategy(ABC):
         mask: Tensor | None = None,
         stats: Statistics | None = None,
         scores: Tensor | None = None,
+        loss_before: float | Tensor | None = None,
     ) -> GrowthResult:
         """Grow ``d_k`` by ``p``.
 
@@ -303,6 +305,13 @@ class Strategy(ABC):
             The head's current scores ``scale · (X W_Q)(X W_K)ᵀ``, ``(b, d_s, d_s)`` of ``X``'s dtype, before the
             mask, where the caller has them (the forward pass whose backward gave ``G`` made them): they are then
             not formed again. Checked against the factors on the first sample.
+        loss_before : float or Tensor, optional
+            ``loss_of_scores`` at the current scores, where the caller has it: the previous growth's
+            ``loss_after`` on the same batch (heads grown one after another), or the loss of the forward pass that
+            gave ``G`` when ``loss_of_scores`` is that same loss. The growth then does not evaluate it (one loss
+            call fewer), except where a ``+holdout`` search on one batch needs the output at the current scores
+            from that call anyway (``info["loss_before"]`` says which). It is taken as given: another quantity (a
+            loss with terms ``loss_of_scores`` lacks, another batch's) makes the search compare unlike numbers.
 
         Returns
         -------
@@ -334,7 +343,7 @@ class Strategy(ABC):
         profile = Profile(getattr(X, "device", None))
         with profile.active():
             result, caller_stats = self._grow(W_Q, W_K, X, G, p, loss_of_scores, scale, new_scale, mask, stats,
-                                               profile, scores)
+                                               profile, scores, loss_before)
         # Statistics the caller accumulated were timed when they were built: count them in (the caller's, not the
         # part a +holdout step split off them, whose time is inside this call's).
         outside = 0.0 if caller_stats is None else caller_stats.elapsed
@@ -348,7 +357,8 @@ class Strategy(ABC):
     def _grow(self, W_Q: Tensor, W_K: Tensor, X: Tensor, G: Tensor, p: int,
               loss_of_scores: Callable[[Tensor], Tensor], scale: float | None, new_scale: float | None,
               mask: Tensor | None, stats: Statistics | None, profile: Profile | None = None,
-              scores: Tensor | None = None) -> tuple[GrowthResult, Statistics | None]:
+              scores: Tensor | None = None,
+              loss_before: float | Tensor | None = None) -> tuple[GrowthResult, Statistics | None]:
         """:meth:`grow` inside its profile: the result (``timings`` without ``total``, ``statistics`` without the
         caller's) and the caller's statistics (None when the growth made its own)."""
         with section("inputs"):
@@ -359,11 +369,15 @@ class Strategy(ABC):
                     raise ValueError(f"{name} ({W.dtype}, {W.device}) must match X ({X.dtype}, {X.device})")
             if stats is not None:  # before the first loss call: a caller's mistake costs no work
                 self._check_stats(stats, X.shape[-1])
+            loss_before = check_loss_before(loss_before)
         out_dtype = X.dtype
         caller_stats = stats
         own_stats = stats is None
+        # Only a search on one statistics batch moves part of it (``_holdout_stats``): the output at the current
+        # scores is kept for that one.
+        keep_attention = self.holds_out and (stats is None or stats.n_batches == 1)
         ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask,
-                                   keep_attention=self.holds_out, scores=scores)
+                                   keep_attention=keep_attention, scores=scores, loss_before=loss_before)
         ctx.profile, ctx.inputs = profile, (X, G, mask)
         stats = self._stats(ctx, stats)
         if ctx.heldout_samples is None:  # no search will move part of the batch: the output at S0 is not needed
@@ -405,7 +419,7 @@ class Strategy(ABC):
 def start_step(
     W_Q: Tensor, W_K: Tensor, X: Tensor, G: Tensor, loss_of_scores: Callable[[Tensor], Tensor],
     scale: float | None, new_scale: float | None, mask: Tensor | None, keep_attention: bool = False,
-    scores: Tensor | None = None,
+    scores: Tensor | None = None, loss_before: float | None = None,
 ) -> tuple[StepContext, Tensor, Tensor]:
     """The step context of one growth: inputs in the compute dtype, ``G`` in range, current scores and loss.
 
@@ -426,6 +440,9 @@ def start_step(
         (:class:`strategies.scores_loss.AttentionSplit`): for a search that will move part of the batch.
     scores : Tensor or None
         The caller's current scores ``(b, d_s, d_s)`` (see ``grow``), or None to form them.
+    loss_before : float or None
+        The caller's loss at the current scores (see ``grow``, checked by
+        :func:`~strategies._checks.check_loss_before`), or None to evaluate it.
 
     Returns
     -------
@@ -462,10 +479,14 @@ def start_step(
             scaled_W_Q = scale * W_Q
             Z = scaled_W_Q @ W_K.mT
             S0 = current_scores(X, W_Q, W_K, scale) if scores is None else _given_scores(scores, X, W_Q, W_K, scale)
-        attention0 = None
+        attention0, given = None, None
         if keep_attention and loss.splits:
             loss0_t, attention0 = loss.attention(S0)
             loss0 = float(loss0_t)
+            if loss_before is not None:
+                given = "given, not used: the search on half the batch evaluated it with the output it keeps"
+        elif loss_before is not None:
+            loss0, given = loss_before, "given"
         else:
             loss0 = float(loss(S0))
     if not math.isfinite(loss0):
@@ -481,6 +502,8 @@ def start_step(
     _host_reads(ctx, 1 if scores is None else 2)  # the magnitudes, the given scores' check (loss calls: at the end)
     if g_scale != 1.0:
         ctx.info["g_scale"] = g_scale
+    if given is not None:
+        ctx.info["loss_before"] = given
     return ctx, W_Q, W_K
 
 

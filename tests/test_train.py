@@ -109,7 +109,7 @@ def test_align_to_old_recovers_a_rotated_padding_and_keeps_the_product():
 # ------------------------------------------------------------------ growth inside training
 def test_factor_gradients_match_autograd():
     ds, model = _model(n_heads=2, scale_policy="learnable")
-    caps, _ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
+    caps, *_ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
     x, y = ds.batch(8, "train", 10_000_000)  # the batch capture used
     model.zero_grad()
     model.loss(x, y).backward()
@@ -128,7 +128,7 @@ def test_grown_multihead_block_keeps_its_function_at_lambda_zero(scale_policy, m
     x_new, _ = ds.batch(8, "test", 3)
     with torch.no_grad():
         before = model(x_new)
-    caps, _ = capture(model, ds, 8, growth_batches(7, 2), "cpu")
+    caps, *_ = capture(model, ds, 8, growth_batches(7, 2), "cpu")
 
     def flat(Y):  # a loss no step can decrease: the line search must settle on λ = 0
         return (Y * 0).sum() + 1.0
@@ -146,7 +146,7 @@ def test_growth_inside_training_decreases_the_batch_loss_and_keeps_adam_consiste
     ds, model = _model(n_heads=2)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     _train_some(model, ds, opt, 20)
-    caps, rest = capture(model, ds, 8, growth_batches(20, 2), "cpu")
+    caps, rest, _ = capture(model, ds, 8, growth_batches(20, 2), "cpu")
     events = grow_heads(model, strategies.make("default"), opt, caps, rest, {0: 2, 1: 2}, policy)
     assert all(e["loss_after"] <= e["loss_before"] for e in events)
     assert any(e["lam"] > 0 and e["loss_after"] < e["loss_before"] for e in events)
@@ -201,7 +201,7 @@ def test_same_seed_same_curves():
 
 def test_split_budget_goes_where_the_gradient_is():
     ds, model = _model(n_heads=2)
-    caps, _ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
+    caps, *_ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
     strategy = strategies.make("default")
     Xa, Gs, mask = caps[0]
     stats = {0: strategy.new_statistics().update(Xa, Gs[0], mask),
@@ -216,7 +216,7 @@ def test_split_budget_goes_where_the_gradient_is():
 
 def test_starved_is_an_optimality():
     ds, model = _model()
-    caps, _ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
+    caps, *_ = capture(model, ds, 8, growth_batches(0, 1), "cpu")
     o = starved(model, caps, 0)
     assert -1.0 <= o <= 1.0
 

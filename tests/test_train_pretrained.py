@@ -53,7 +53,7 @@ def _grown_keeps_function(spec: str, method: str, rest=None, heads: int = 0) -> 
     x, y = ds.batch(2, "test", 0)
     with torch.no_grad():
         before_out, before_loss = model(x), float(model.loss(x, y))
-    caps, captured_rest = capture_heads(model, _batches(ds, 3), "cpu")
+    caps, captured_rest, _ = capture_heads(model, _batches(ds, 3), "cpu")
     grown = [h for h in model.block.growth_order() if model.block.where(h)[1] == heads]
     events = grow_heads(model, strategies.make(method), opt, caps, rest or captured_rest, dict.fromkeys(grown, 2),
                         "pad")
@@ -90,7 +90,7 @@ def test_default_growth_decreases_the_captured_loss():
     ds = make_dataset(LAYER, 384, 8, 0)
     model = ds.build_model(2)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    caps, rest = capture_heads(model, _batches(ds, 1, 2), "cpu")
+    caps, rest, _ = capture_heads(model, _batches(ds, 1, 2), "cpu")
     events = grow_heads(model, strategies.make("default"), opt, caps, rest, {0: 2, 1: 2}, "pad")
     assert all(e["loss_after"] <= e["loss_before"] for e in events)
     assert [model.block.d_k(h) for h in range(3)] == [4, 4, 2]
