@@ -150,9 +150,8 @@ def test_training_hands_each_head_the_loss_at_its_current_scores(spec):
             events = [e for h, p in grown.items() for e in grow_heads(model, recording, opt, caps, rest, {h: p}, "pad")]
         runs.append((recording.seen, events))
     (seen, events), (seen_without, events_without) = runs
-    assert seen[0][0] == seen[0][1]  # the capture's forward takes the very products of the growth's loss
-    # A grown head's loss_after is at its factors as returned; the next head's loss at the factors as installed
-    # (rotated by align_to_old): the same to rounding.
+    # The capture's forward adds the block's terms in its own order, and a grown head's loss_after is at its factors
+    # as returned, the next head's loss at them as installed (rotated by align_to_old): the same to rounding.
     assert [given for given, _ in seen] == pytest.approx([at_current for _, at_current in seen], rel=1e-13)
     assert [given for given, _ in seen_without] == [None] * 3
     assert [at for _, at in seen_without] == pytest.approx([at for _, at in seen], rel=1e-13)
@@ -164,8 +163,8 @@ def test_training_hands_each_head_the_loss_at_its_current_scores(spec):
 
 
 def test_a_site_passes_the_captured_forwards_loss_through():
-    """``site.grow(..., loss_before=)``: the loss of the captured forward (here the very products of the growth's
-    loss, so the same step bit for bit), one call fewer; a strategy that cannot take it is refused by name."""
+    """``site.grow(..., loss_before=)``: the loss of the captured forward (on this problem equal to the growth's
+    own, so the same step bit for bit), one call fewer; a strategy that cannot take it is refused by name."""
     results = []
     for loss_before in (None, "forward"):
         block = GrowableAttention(d_e=6, d_k=2, n_heads=2, dtype=torch.float64,

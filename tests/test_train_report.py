@@ -536,3 +536,14 @@ def test_two_schedules_compare_the_default_on_the_better_one_with_the_growers_on
     measured = c.changes["default"]
     c.changes["default"] = type(measured)(measured.mean, measured.low, 0.01, measured.n)  # now spans 0
     assert _training_exceptions(section) == []
+
+
+def test_the_training_facts_name_the_cpu_kernels_the_runs_recorded(tmp_path):
+    """A host's kernels round float32 sums their own way: the facts say which made the training runs (none
+    recorded: a dash)."""
+    rows = [{**train_row("zero", "teacher", seed, 1.0, 100), "cpu_capability": kernels}
+            for seed, kernels in enumerate(["AVX2", "AVX512", "AVX2"])]
+    for path, stored, said in ((tmp_path / "k.sqlite", rows, "AVX2, AVX512"),
+                               (tmp_path / "none.sqlite", [train_row("zero", "teacher", 0, 1.0, 100)], "–")):
+        runs, curves = load_training(write_train_db(path, stored))
+        assert build_training(runs, curves, figures=False).facts["cpu kernels"] == said

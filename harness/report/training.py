@@ -76,7 +76,8 @@ def training_facts(runs: pd.DataFrame, superseded: int = 0) -> dict:
     facts = {
         "training runs": len(runs), "ok": int((runs.status == "ok").sum()), "failed": int((runs.status != "ok").sum()),
         "datasets": distinct(runs, "dataset"), "variants": runs.variant.nunique(), "steps": distinct(runs, "steps"),
-        "devices": distinct(runs, "device"), "torch": distinct(runs, "torch_version"),
+        "devices": distinct(runs, "device"), "cpu kernels": distinct(runs, "cpu_capability"),
+        "torch": distinct(runs, "torch_version"),
         "git commit": distinct(runs, "git_commit"), "code version": distinct(runs, "code_version"),
         "runs finished": finished_range(runs),
     }
