@@ -178,7 +178,7 @@ def check_loss_before(value: object) -> float | None:
         if value.numel() != 1 or value.is_complex() or not value.is_floating_point() or value.device.type == "meta":
             raise ValueError(f"loss_before must be the loss at the current scores, one real number, got a "
                              f"{value.dtype} tensor of shape {tuple(value.shape)} on {value.device}")
-        value = float(value.detach())
+        value = value.detach()  # a training loss still in its graph: read its value, without autograd's warning
     elif isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"loss_before must be the loss at the current scores, a number, got {value!r:.80}")
     value = float(value)
