@@ -6,6 +6,7 @@ its growth would have evaluated."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -194,3 +195,15 @@ def test_a_site_passes_the_captured_forwards_loss_through():
 
     with pytest.raises(ValueError, match="loss_before: Older.grow does not take it"):
         block.grow(0, Older(), 2, rest, loss_before=1.0)
+
+
+def test_a_loss_still_in_its_graph_is_read_without_a_warning():
+    """A training loop's loss tensor, backward already taken or not: its value, and no autograd warning."""
+    X, G, W_Q, W_K, c, loss, mask = _problem()
+    S = strategies.current_scores(X, W_Q, W_K, c).requires_grad_(True)
+    in_graph = loss(S)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = strategies.make("default").grow(W_Q, W_K, X, G, p=2, loss_of_scores=loss, scale=c, mask=mask,
+                                            loss_before=in_graph)
+    assert r.loss_before == float(in_graph.detach()) and r.info["loss_before"] == "given"
