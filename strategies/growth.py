@@ -191,6 +191,12 @@ class Strategy(ABC):
             return own
         return stats  # a caller's, checked by its entry point (grow's inputs, path_statistics) before any work
 
+    def _may_split_one_batch(self, stats: Statistics | None) -> bool:
+        """Whether a growth given ``stats`` searches λ on half of one batch (``+holdout`` with no statistics, or
+        with those of the λ batch alone): :meth:`GrowthStrategy._holdout_stats` splits the batch exactly then,
+        unless the statistics turn out never to have seen the λ batch, or the batch has one sample."""
+        return self.holds_out and (stats is None or stats.n_batches == 1)
+
     def _check_stats(self, stats: Statistics, d_e: int) -> None:
         """Refuse a caller's statistics this strategy cannot use: another kind, empty, without the half sums its own
         keep, or of another ``d_e``."""
@@ -373,9 +379,9 @@ class Strategy(ABC):
         out_dtype = X.dtype
         caller_stats = stats
         own_stats = stats is None
-        # Only a search on one statistics batch moves part of it (``_holdout_stats``): the output at the current
-        # scores is kept for that one.
-        keep_attention = self.holds_out and (stats is None or stats.n_batches == 1)
+        # Only a search on half of one statistics batch moves part of it: the output at the current scores is kept
+        # for that one.
+        keep_attention = self._may_split_one_batch(stats)
         ctx, W_Q, W_K = start_step(W_Q, W_K, X, G, loss_of_scores, scale, new_scale, mask,
                                    keep_attention=keep_attention, scores=scores, loss_before=loss_before)
         ctx.profile, ctx.inputs = profile, (X, G, mask)
@@ -752,7 +758,7 @@ class GrowthStrategy(Strategy):
                 raise ValueError(
                     f"{self.spec}: the λ batch (X) is batch {where + 1} of the {stats.n_batches} in the statistics; a "
                     "+holdout strategy can take out only the last one: accumulate it last, or leave it out")
-            if stats.n_batches > 1:
+            if not self._may_split_one_batch(stats):
                 ctx.info["holdout"] = "the λ batch taken out of the statistics; the step refits on every batch"
                 ctx.refit_stats = stats
                 return stats.without_last()
